@@ -1,0 +1,263 @@
+"""The graphexec error hierarchy.
+
+Every error the library raises derives from :class:`GraphExecError`. Errors carry typed,
+keyword-only attributes (the node, key, thread or checkpoint involved) and their messages say
+how to fix the problem.
+
+Interrupts are *not* errors: the signal :func:`graphexec.interrupt` uses internally derives from
+:class:`BaseException` (see :class:`GraphInterrupt`) so that a node's ``except Exception`` cannot
+swallow it, and ``run()`` reports pending interrupts as data instead of raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "CheckpointConflictError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "DeserializationError",
+    "GraphBuildError",
+    "GraphExecError",
+    "GraphInterrupt",
+    "GraphVersionError",
+    "InvalidUpdateError",
+    "LeaseLostError",
+    "MemoryStoreError",
+    "NodeExecutionError",
+    "NodeTimeoutError",
+    "NotSupportedError",
+    "RecursionLimitError",
+    "SerializationError",
+    "StorageError",
+    "ThreadBusyError",
+    "ThreadNotFoundError",
+]
+
+
+class GraphExecError(Exception):
+    """Root of every error raised by graphexec."""
+
+
+class GraphBuildError(GraphExecError):
+    """The graph definition is invalid; raised by the builder and by ``compile()`` only.
+
+    Attributes:
+        node: The offending node, when one is involved.
+        edge: The offending edge as ``(source, target)``, when one is involved.
+    """
+
+    def __init__(
+        self, message: str, *, node: str | None = None, edge: tuple[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.node = node
+        self.edge = edge
+
+
+class InvalidUpdateError(GraphExecError):
+    """A node (or ``update_state``) produced an update the state schema does not accept.
+
+    Attributes:
+        node: The node whose update was refused.
+        key: The state key at fault.
+    """
+
+    def __init__(self, message: str, *, node: str, key: str | None) -> None:
+        super().__init__(message)
+        self.node = node
+        self.key = key
+
+
+class NodeExecutionError(GraphExecError):
+    """A node raised; the original exception is chained as ``__cause__``.
+
+    Attributes:
+        node: The node that failed.
+        attempt: The attempt number (1-based) that failed last.
+        thread_id: The thread the run belongs to, when checkpointed.
+    """
+
+    def __init__(
+        self, message: str, *, node: str, attempt: int, thread_id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.node = node
+        self.attempt = attempt
+        self.thread_id = thread_id
+
+
+class NodeTimeoutError(GraphExecError, TimeoutError):
+    """A node ran longer than its ``timeout=``.
+
+    Attributes:
+        node: The node that timed out.
+        timeout: The limit, in seconds.
+    """
+
+    def __init__(self, message: str, *, node: str, timeout: float) -> None:
+        super().__init__(message)
+        self.node = node
+        self.timeout = timeout
+
+
+class RecursionLimitError(GraphExecError):
+    """The run took more supersteps than ``recursion_limit`` allows.
+
+    The last committed checkpoint stays resumable: fix the cycle's exit condition (or raise the
+    limit) and resume with ``invoke(None, thread_id=...)``.
+
+    Attributes:
+        limit: The limit that was exceeded.
+        steps: How many steps this run executed.
+        cycle: The nodes of the cycle the run was going round, in order.
+    """
+
+    def __init__(self, message: str, *, limit: int, steps: int, cycle: Sequence[str]) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.steps = steps
+        self.cycle = tuple(cycle)
+
+
+class CheckpointError(GraphExecError):
+    """A checkpoint cannot be read, written or used as asked."""
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """The thread or checkpoint id does not exist.
+
+    Attributes:
+        thread_id: The thread looked up.
+        checkpoint_id: The checkpoint looked up, if one was named.
+    """
+
+    def __init__(self, message: str, *, thread_id: str, checkpoint_id: str | None = None) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.checkpoint_id = checkpoint_id
+
+
+class ThreadNotFoundError(CheckpointNotFoundError):
+    """The thread has no checkpoints."""
+
+
+class CheckpointConflictError(CheckpointError):
+    """A commit's expected head is no longer the thread's head: someone else wrote first.
+
+    The commit was rejected and nothing was written; history never forks silently.
+
+    Attributes:
+        thread_id: The thread.
+        expected_head: The head the writer based its commit on.
+        actual_head: The head found in storage.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str,
+        expected_head: str | None,
+        actual_head: str | None,
+    ) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.expected_head = expected_head
+        self.actual_head = actual_head
+
+
+class ThreadBusyError(CheckpointError):
+    """Another run holds the thread's lease.
+
+    Attributes:
+        thread_id: The busy thread.
+        owner: The current lease owner's id.
+    """
+
+    def __init__(self, message: str, *, thread_id: str, owner: str | None) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.owner = owner
+
+
+class LeaseLostError(CheckpointError):
+    """This run's lease on the thread expired and was taken over (its epoch is stale).
+
+    The write was rejected; the new owner continues the thread.
+
+    Attributes:
+        thread_id: The thread.
+        epoch: The stale epoch this writer held.
+    """
+
+    def __init__(self, message: str, *, thread_id: str, epoch: int) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.epoch = epoch
+
+
+class GraphVersionError(CheckpointError):
+    """A thread was checkpointed by a different graph whose pending nodes no longer exist.
+
+    Attributes:
+        thread_id: The thread.
+        missing_nodes: Pending nodes the current graph does not define.
+    """
+
+    def __init__(self, message: str, *, thread_id: str, missing_nodes: Sequence[str]) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.missing_nodes = tuple(missing_nodes)
+
+
+class SerializationError(GraphExecError, TypeError):
+    """A value cannot be encoded by the closed type registry.
+
+    Attributes:
+        channel: The state key (channel) or write the value belonged to, when known.
+        type_name: The qualified name of the unsupported type.
+    """
+
+    def __init__(self, message: str, *, channel: str | None, type_name: str) -> None:
+        super().__init__(message)
+        self.channel = channel
+        self.type_name = type_name
+
+
+class DeserializationError(GraphExecError):
+    """Stored bytes are corrupt or name a type this process has not registered.
+
+    Attributes:
+        channel: The channel or write being decoded, when known.
+    """
+
+    def __init__(self, message: str, *, channel: str | None = None) -> None:
+        super().__init__(message)
+        self.channel = channel
+
+
+class StorageError(GraphExecError):
+    """A storage driver failed; the driver's exception is chained as ``__cause__``."""
+
+
+class MemoryStoreError(GraphExecError):
+    """A memory store operation was refused or failed."""
+
+
+class NotSupportedError(GraphExecError):
+    """The backend does not implement this optional operation."""
+
+
+class GraphInterrupt(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """Internal signal that pauses a node for a human.
+
+    It derives from :class:`BaseException` on purpose, so ``except Exception`` in user code cannot
+    swallow it. Users never catch it: ``run()`` returns the pending interrupts as data.
+    """
+
+    def __init__(self, payloads: Sequence[Any]) -> None:
+        super().__init__(payloads)
+        self.payloads = tuple(payloads)
