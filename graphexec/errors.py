@@ -251,7 +251,7 @@ class NotSupportedError(GraphExecError):
     """The backend does not implement this optional operation."""
 
 
-class GraphInterrupt(BaseException):  # noqa: N818 - a control-flow signal, not an error
+class GraphInterrupt(BaseException):
     """Internal signal that pauses a node for a human.
 
     It derives from :class:`BaseException` on purpose, so ``except Exception`` in user code cannot

@@ -1,0 +1,116 @@
+"""graphexec: durable agent workflows.
+
+A workflow is a graph of nodes over a typed state, checkpointed after every superstep per
+``thread_id``: a crashed thread resumes from its last committed step, and any checkpoint can be
+inspected, replayed or forked.
+"""
+
+from __future__ import annotations
+
+from graphexec._builder import StateGraph
+from graphexec._checkpoint import (
+    BaseCheckpointer,
+    ChannelDelta,
+    Checkpoint,
+    CheckpointTuple,
+    Lease,
+    PendingWrite,
+    SnapshotPolicy,
+    ThreadInfo,
+    new_checkpoint_id,
+)
+from graphexec._context import NodeContext
+from graphexec._graph import BranchInfo, CompiledGraph
+from graphexec._inmemory import InMemoryCheckpointer
+from graphexec._serde import Serializer
+from graphexec._state import REMOVE_ALL_MESSAGES, RemoveMessage, add_messages
+from graphexec._types import (
+    END,
+    START,
+    Command,
+    Durability,
+    Interruption,
+    RetryPolicy,
+    RunResult,
+    RunStatus,
+    Send,
+    StateSnapshot,
+    StreamMode,
+)
+from graphexec.errors import (
+    CheckpointConflictError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    DeserializationError,
+    GraphBuildError,
+    GraphExecError,
+    GraphVersionError,
+    InvalidUpdateError,
+    LeaseLostError,
+    MemoryStoreError,
+    NodeExecutionError,
+    NodeTimeoutError,
+    NotSupportedError,
+    RecursionLimitError,
+    SerializationError,
+    StorageError,
+    ThreadBusyError,
+    ThreadNotFoundError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # building
+    "END",
+    "START",
+    "StateGraph",
+    "CompiledGraph",
+    "add_messages",
+    "RemoveMessage",
+    "REMOVE_ALL_MESSAGES",
+    # control flow and running
+    "Command",
+    "Send",
+    "RetryPolicy",
+    "NodeContext",
+    "Durability",
+    "StreamMode",
+    "RunResult",
+    "RunStatus",
+    "Interruption",
+    # state and time travel
+    "StateSnapshot",
+    "BranchInfo",
+    "ThreadInfo",
+    # checkpointer contract
+    "BaseCheckpointer",
+    "InMemoryCheckpointer",
+    "Checkpoint",
+    "CheckpointTuple",
+    "ChannelDelta",
+    "PendingWrite",
+    "Lease",
+    "SnapshotPolicy",
+    "new_checkpoint_id",
+    "Serializer",
+    # errors
+    "GraphExecError",
+    "GraphBuildError",
+    "InvalidUpdateError",
+    "NodeExecutionError",
+    "NodeTimeoutError",
+    "RecursionLimitError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "ThreadNotFoundError",
+    "CheckpointConflictError",
+    "ThreadBusyError",
+    "LeaseLostError",
+    "GraphVersionError",
+    "SerializationError",
+    "DeserializationError",
+    "StorageError",
+    "MemoryStoreError",
+    "NotSupportedError",
+]

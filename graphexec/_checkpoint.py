@@ -1,0 +1,345 @@
+"""The checkpoint data model and the async checkpointer contract.
+
+A checkpoint is written once per superstep. It records *what the step changed* (``deltas``),
+not the whole state: a plain channel stores its new value (``op="set"``), a reducer channel
+stores the updates the step folded into it (``op="fold"``). Every so often a checkpoint also
+carries a full ``snapshot`` of all channels, which bounds how many deltas a reader must fold.
+Folding needs the graph's reducers, so backends never interpret blobs: they store bytes and hand
+back, for any checkpoint, the chain of deltas since the nearest snapshot (see
+:class:`CheckpointTuple`). The compiled graph materialises values from that chain.
+
+Backends implement :class:`BaseCheckpointer`. Its contract (ordering, isolation, heads and
+compare-and-set, leases, pending writes, retention) is pinned by the suite in
+:mod:`graphexec.testing.contracts`, which every backend passes unmodified.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from graphexec.errors import NotSupportedError
+
+__all__ = [
+    "BaseCheckpointer",
+    "ChannelDelta",
+    "Checkpoint",
+    "CheckpointTuple",
+    "Lease",
+    "PendingWrite",
+    "SnapshotPolicy",
+    "ThreadInfo",
+    "new_checkpoint_id",
+]
+
+CheckpointSource = Literal["input", "loop", "update", "fork"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelDelta:
+    """What one checkpoint changed in one channel.
+
+    Attributes:
+        op: ``"set"`` replaces the channel's value with ``blobs[0]``; ``"fold"`` applies the
+            channel's reducer to each update in ``blobs``, in order.
+        blobs: Serialized value (``set``) or serialized updates (``fold``).
+    """
+
+    op: Literal["set", "fold"]
+    blobs: tuple[bytes, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Total payload size in bytes."""
+        return sum(len(b) for b in self.blobs)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One committed superstep of one thread (and checkpoint namespace).
+
+    Attributes:
+        thread_id: The thread this checkpoint belongs to.
+        checkpoint_ns: ``""`` for the root graph; the node path of a subgraph otherwise.
+        checkpoint_id: Unique and time-sortable within a process.
+        parent_id: The checkpoint this one follows, or ``None`` for a thread's first.
+        step: Superstep number (the first checkpoint of a new thread has step 0).
+        source: ``input`` (new input applied), ``loop`` (a superstep ran), ``update``
+            (``update_state``) or ``fork`` (first checkpoint of a forked thread).
+        created_at: When the checkpoint was created (UTC).
+        graph_version: Fingerprint of the graph that wrote it.
+        deltas: The channels this checkpoint changed, relative to its parent.
+        snapshot: Full serialized values of every channel, when this checkpoint carries one.
+        frontier: Serialized next tasks and join barriers; opaque to storage.
+        next_nodes: Names of the nodes the frontier will run next (for listings).
+        metadata: msgpack-compatible metadata (user metadata plus what the engine records).
+        delta_depth: Number of delta checkpoints since the last snapshot (0 with a snapshot).
+        delta_bytes: Delta bytes accumulated since the last snapshot.
+        snapshot_bytes: Size of the last snapshot in this checkpoint's chain.
+    """
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    step: int
+    source: CheckpointSource
+    created_at: datetime
+    graph_version: str
+    deltas: Mapping[str, ChannelDelta]
+    snapshot: Mapping[str, bytes] | None
+    frontier: bytes
+    next_nodes: tuple[str, ...]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    delta_depth: int = 0
+    delta_bytes: int = 0
+    snapshot_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PendingWrite:
+    """A write saved by a finished (or running) task of the step that follows a checkpoint.
+
+    Attributes:
+        task_id: The deterministic id of the task.
+        channel: A state channel, or an engine channel whose name starts with ``__``.
+        data: Serialized payload.
+    """
+
+    task_id: str
+    channel: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointTuple:
+    """A checkpoint with everything needed to materialise its values.
+
+    Attributes:
+        checkpoint: The requested checkpoint.
+        chain: Its ancestors back to (and including) the nearest one with a snapshot, oldest
+            first; empty when ``checkpoint`` itself carries a snapshot.
+        pending_writes: Writes saved by tasks of the step that follows ``checkpoint``.
+        is_head: Whether ``checkpoint`` is its thread's current head.
+    """
+
+    checkpoint: Checkpoint
+    chain: tuple[Checkpoint, ...]
+    pending_writes: tuple[PendingWrite, ...]
+    is_head: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Ownership of a thread by one run.
+
+    Attributes:
+        thread_id: The owned thread.
+        owner: The owner's id (a run id).
+        epoch: Fencing token: increases every time the lease changes hands. A commit carrying
+            an older epoch is rejected.
+        expires_at: Unix time after which another owner may take the thread over.
+    """
+
+    thread_id: str
+    owner: str
+    epoch: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    """Summary of one thread.
+
+    Attributes:
+        thread_id: The thread id.
+        head_id: The current head checkpoint of its root namespace.
+        step: The head's step.
+        updated_at: When the head was written.
+        next_nodes: What the head would run next (empty when the thread finished).
+        checkpoints: How many root-namespace checkpoints are stored.
+    """
+
+    thread_id: str
+    head_id: str
+    step: int
+    updated_at: datetime
+    next_nodes: tuple[str, ...]
+    checkpoints: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPolicy:
+    """When the engine stores a full snapshot instead of only a delta.
+
+    A snapshot is written when ``max_depth`` deltas have accumulated since the last one, or when
+    the delta bytes since the last snapshot reach ``ratio`` times its size (and at least
+    ``min_bytes``). The byte rule keeps total storage within a small constant of the bytes
+    written, whatever the thread length; the depth rule bounds the work of a read.
+
+    Attributes:
+        max_depth: Most deltas a read ever folds.
+        ratio: Delta-bytes to snapshot-size ratio that triggers a snapshot.
+        min_bytes: Below this many delta bytes the ratio rule never fires.
+    """
+
+    max_depth: int = 200
+    ratio: float = 1.0
+    min_bytes: int = 16384
+
+    def wants_snapshot(self, *, depth: int, delta_bytes: int, snapshot_bytes: int) -> bool:
+        """Whether the next checkpoint, with these running totals, should carry a snapshot."""
+        if depth >= self.max_depth:
+            return True
+        return delta_bytes >= self.min_bytes and delta_bytes >= self.ratio * snapshot_bytes
+
+
+_id_lock = threading.Lock()
+_last_ms = 0
+_seq = 0
+
+
+def new_checkpoint_id() -> str:
+    """A UUIDv7-style id: sortable by creation time, monotonic within one process."""
+    global _last_ms, _seq
+    with _id_lock:
+        ms = time.time_ns() // 1_000_000
+        if ms <= _last_ms:
+            ms = _last_ms
+            _seq += 1
+            if _seq > 0xFFF:
+                ms += 1
+                _seq = 0
+        else:
+            _seq = 0
+        _last_ms = ms
+        seq = _seq
+    rand = int.from_bytes(os.urandom(8), "big") & 0x3FFF_FFFF_FFFF_FFFF
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | seq << 64 | 0b10 << 62 | rand
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class BaseCheckpointer(ABC):
+    """The async storage contract every checkpoint backend implements.
+
+    Required: :meth:`put`, :meth:`put_writes`, :meth:`get`, :meth:`list` and
+    :meth:`delete_thread`. The rest have defaults that raise
+    :class:`~graphexec.errors.NotSupportedError` where a backend cannot provide them.
+
+    Heads: every ``(thread_id, checkpoint_ns)`` has a head, the newest checkpoint of its current
+    branch. :meth:`put` is a compare-and-set on it, so two writers can never fork history
+    silently. Leases: a run owns a thread through a :class:`Lease`; commits carrying a stale
+    epoch are rejected.
+    """
+
+    snapshot_policy: SnapshotPolicy = SnapshotPolicy()
+    """Consulted by the engine to decide when a checkpoint carries a full snapshot."""
+
+    @abstractmethod
+    async def put(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        expected_head: str | None,
+        lease: Lease | None = None,
+    ) -> None:
+        """Commit a checkpoint and make it the head of its thread/namespace.
+
+        Atomically: checks that the current head is ``expected_head`` (``None`` for a new
+        thread or namespace) and raises :class:`~graphexec.errors.CheckpointConflictError`
+        otherwise; checks ``lease`` (raises :class:`~graphexec.errors.LeaseLostError` when its
+        epoch is stale, :class:`~graphexec.errors.ThreadBusyError` when ``lease`` is ``None``
+        but another owner holds a live lease); stores the checkpoint; moves the head; and
+        deletes the pending writes attached to ``checkpoint.parent_id`` (they are now part of
+        this checkpoint). Re-putting an identical checkpoint id is an error.
+        """
+
+    @abstractmethod
+    async def put_writes(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        *,
+        lease: Lease | None = None,
+    ) -> None:
+        """Save writes of one task of the step that follows ``checkpoint_id``.
+
+        Idempotent: a write is keyed by ``(task_id, channel)``; putting it again replaces it.
+        All writes of one call are saved atomically.
+        """
+
+    @abstractmethod
+    async def get(
+        self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None
+    ) -> CheckpointTuple | None:
+        """The head (or the named checkpoint) with its delta chain and pending writes.
+
+        Returns ``None`` when the thread/namespace or checkpoint does not exist.
+        """
+
+    @abstractmethod
+    async def list(
+        self,
+        thread_id: str,
+        checkpoint_ns: str = "",
+        *,
+        limit: int | None = None,
+        before: str | None = None,
+    ) -> Sequence[Checkpoint]:
+        """Checkpoints along the current branch (head and its ancestors), newest first.
+
+        ``before`` starts the listing at that checkpoint's parent.
+        """
+
+    @abstractmethod
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, pending write and lease of the thread (all namespaces)."""
+
+    async def list_tips(self, thread_id: str, checkpoint_ns: str = "") -> Sequence[Checkpoint]:
+        """Every checkpoint without children (one per branch), newest first."""
+        raise NotSupportedError(f"{type(self).__name__} does not support list_tips()")
+
+    async def list_threads(self) -> Sequence[ThreadInfo]:
+        """Every thread with a root-namespace head, most recently updated first."""
+        raise NotSupportedError(f"{type(self).__name__} does not support list_threads()")
+
+    async def prune(self, thread_id: str, *, keep_last: int) -> int:
+        """Keep the last ``keep_last`` checkpoints of the current branch; delete the rest.
+
+        Checkpoints older than those are kept only as far back as the retained ones need to be
+        read (back to the nearest snapshot), so pruning never leaves a retained checkpoint
+        unreadable. Other branches are deleted. Returns how many checkpoints were deleted.
+        """
+        raise NotSupportedError(f"{type(self).__name__} does not support prune()")
+
+    async def acquire_lease(self, thread_id: str, *, owner: str, ttl: float) -> Lease:
+        """Take ownership of a thread for ``ttl`` seconds.
+
+        Raises :class:`~graphexec.errors.ThreadBusyError` when another owner holds a live lease.
+        An expired lease is taken over with a higher epoch.
+        """
+        raise NotSupportedError(f"{type(self).__name__} does not support leases")
+
+    async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
+        """Extend a held lease; raises :class:`~graphexec.errors.LeaseLostError` if lost."""
+        raise NotSupportedError(f"{type(self).__name__} does not support leases")
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Give a lease up. Releasing a lease already lost is not an error."""
+        raise NotSupportedError(f"{type(self).__name__} does not support leases")
+
+    async def setup(self) -> None:  # noqa: B027 - optional hook; in-memory has nothing to do
+        """Create or migrate storage. Idempotent; called by ``open()``."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook; in-memory holds nothing
+        """Release connections and files."""

@@ -1,0 +1,721 @@
+"""``CompiledGraph``: running a graph, reading its threads, and time travel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import networkx as nx
+
+from graphexec._builder import GraphSpec
+from graphexec._checkpoint import BaseCheckpointer, Checkpoint, CheckpointTuple, Lease, ThreadInfo
+from graphexec._draw import draw_mermaid
+from graphexec._executor import Emitter, Frontier, Outcome, Run, Task, resume_error, task_id_for
+from graphexec._serde import Serializer
+from graphexec._state import _MISSING
+from graphexec._sync import iterate_sync, run_sync
+from graphexec._types import (
+    END,
+    START,
+    Durability,
+    RunResult,
+    StateSnapshot,
+    StreamMode,
+)
+from graphexec.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    GraphExecError,
+    InvalidUpdateError,
+    LeaseLostError,
+    NodeExecutionError,
+    NodeTimeoutError,
+    NotSupportedError,
+    RecursionLimitError,
+    ThreadBusyError,
+    ThreadNotFoundError,
+)
+
+__all__ = ["BranchInfo", "CompiledGraph"]
+
+_DURABILITIES = ("sync", "async", "exit")
+_MODES = ("values", "updates", "events", "custom")
+_RUN_FAILURES = (NodeExecutionError, NodeTimeoutError, InvalidUpdateError, RecursionLimitError)
+_DONE = object()
+
+
+@dataclass(frozen=True, slots=True)
+class BranchInfo:
+    """One branch of a thread's history.
+
+    Attributes:
+        checkpoint_id: The branch's newest checkpoint.
+        step: Its step.
+        created_at: When it was written.
+        next: What it would run next.
+        is_head: Whether this is the thread's current branch.
+    """
+
+    checkpoint_id: str
+    step: int
+    created_at: datetime
+    next: tuple[str, ...]
+    is_head: bool
+
+
+class CompiledGraph:
+    """A validated graph, ready to run. Create it with :meth:`StateGraph.compile`.
+
+    Every operation is async (``ainvoke``, ``aget_state`` ...) with a sync twin of the same name
+    without the ``a`` (``invoke``, ``get_state`` ...) for scripts and notebooks.
+
+    Thread selection: pass ``thread_id=`` (and ``checkpoint_id=``) as keywords, or the LangGraph
+    form ``config={"configurable": {"thread_id": ..., "checkpoint_id": ...}}``.
+    """
+
+    def __init__(
+        self,
+        spec: GraphSpec,
+        *,
+        checkpointer: BaseCheckpointer | None,
+        memory: Any,
+        name: str,
+        recursion_limit: int,
+        analysis: nx.DiGraph[str],
+        lease_ttl: float = 30.0,
+    ) -> None:
+        self.spec = spec
+        self.checkpointer = checkpointer
+        self.memory = memory
+        self.name = name
+        self.recursion_limit = recursion_limit
+        self.analysis = analysis
+        self.lease_ttl = lease_ttl
+        self.serde = Serializer()
+        self.serde.register_schema(spec.schema.schema)
+
+    @property
+    def version(self) -> str:
+        """Fingerprint of nodes, edges and the state schema, recorded in every checkpoint."""
+        return self.spec.version
+
+    # -- encoding ---------------------------------------------------------------------------
+
+    def encode_frontier(self, frontier: Frontier) -> bytes:
+        """Serialize next tasks and join barriers for a checkpoint."""
+        tasks = [[t.node, t.push, t.index, t.arg] for t in frontier.tasks]
+        barriers = [[i, seen] for i, seen in sorted(frontier.barriers.items())]
+        return self.serde.dumps({"t": tasks, "b": barriers}, channel="__frontier__")
+
+    def decode_frontier(self, checkpoint: Checkpoint) -> Frontier:
+        """The frontier stored in ``checkpoint``, with task ids derived from its id."""
+        data = self.serde.loads(checkpoint.frontier, channel="__frontier__")
+        ns, cid = checkpoint.checkpoint_ns, checkpoint.checkpoint_id
+        tasks = [
+            Task(node, push, index, arg, task_id_for(ns, cid, node, push, index))
+            for node, push, index, arg in data["t"]
+        ]
+        return Frontier(tasks, {int(i): list(seen) for i, seen in data["b"]})
+
+    def materialize(self, tup: CheckpointTuple) -> dict[str, Any]:
+        """Channel values at ``tup.checkpoint``: its nearest snapshot plus the deltas since."""
+        chain = [*tup.chain, tup.checkpoint]
+        base = chain[0]
+        if base.snapshot is None:
+            raise CheckpointError(
+                f"thread {base.thread_id!r}: checkpoint {base.checkpoint_id!r} should carry a "
+                "snapshot but does not; the stored history is incomplete"
+            )
+        values = {ch: self.serde.loads(b, channel=ch) for ch, b in base.snapshot.items()}
+        for cp in chain[1:]:
+            self.apply_deltas(values, cp)
+        return values
+
+    def apply_deltas(self, values: dict[str, Any], cp: Checkpoint) -> None:
+        """Fold one checkpoint's deltas into ``values`` (in place)."""
+        if cp.snapshot is not None:
+            values.clear()
+            values.update({ch: self.serde.loads(b, channel=ch) for ch, b in cp.snapshot.items()})
+            return
+        channels = self.spec.schema.channels
+        for ch, delta in cp.deltas.items():
+            if delta.op == "set":
+                values[ch] = self.serde.loads(delta.blobs[0], channel=ch)
+                continue
+            spec = channels.get(ch)
+            if spec is None or spec.reducer is None:
+                raise CheckpointError(
+                    f"thread {cp.thread_id!r}, checkpoint {cp.checkpoint_id!r}: state key "
+                    f"{ch!r} was stored as reducer updates, but the current schema has no "
+                    "reducer for it; restore the reducer or migrate the thread"
+                )
+            for blob in delta.blobs:
+                update = self.serde.loads(blob, channel=ch)
+                values[ch] = spec.reduce("__read__", values.get(ch, _MISSING), update)
+
+    # -- argument handling ------------------------------------------------------------------
+
+    def _thread(
+        self,
+        thread_id: str | None,
+        checkpoint_id: str | None,
+        config: Mapping[str, Any] | None,
+        *,
+        required: bool,
+    ) -> tuple[str | None, str | None]:
+        if config is not None:
+            conf = config.get("configurable", {})
+            if not isinstance(conf, Mapping):
+                raise GraphExecError("config['configurable'] must be a dict")
+            for key, given in (("thread_id", thread_id), ("checkpoint_id", checkpoint_id)):
+                other = conf.get(key)
+                if other is not None and given is not None and other != given:
+                    raise GraphExecError(
+                        f"{key} given twice with different values ({given!r} and "
+                        f"config {other!r}); pass it once"
+                    )
+            thread_id = thread_id if thread_id is not None else conf.get("thread_id")
+            checkpoint_id = (
+                checkpoint_id if checkpoint_id is not None else conf.get("checkpoint_id")
+            )
+        if thread_id is not None:
+            if not isinstance(thread_id, str) or not thread_id:
+                raise GraphExecError(f"thread_id must be a non-empty string, got {thread_id!r}")
+            if self.checkpointer is None:
+                raise GraphExecError(
+                    f"thread_id={thread_id!r} needs a checkpointer: "
+                    "compile(checkpointer=InMemoryCheckpointer()) or a durable one"
+                )
+        elif required or (self.checkpointer is not None and checkpoint_id is not None):
+            raise GraphExecError("pass thread_id= (or config={'configurable': {'thread_id': ...}})")
+        elif self.checkpointer is not None:
+            raise GraphExecError(
+                "this graph has a checkpointer, so every run belongs to a thread: pass thread_id="
+            )
+        return thread_id, checkpoint_id
+
+    def _store(self) -> BaseCheckpointer:
+        if self.checkpointer is None:
+            raise GraphExecError("this graph was compiled without a checkpointer")
+        return self.checkpointer
+
+    # -- leases -----------------------------------------------------------------------------
+
+    async def _acquire(self, thread_id: str | None, owner: str, on_busy: str) -> Lease | None:
+        if thread_id is None or self.checkpointer is None:
+            return None
+        delay = 0.01
+        while True:
+            try:
+                return await self.checkpointer.acquire_lease(
+                    thread_id, owner=owner, ttl=self.lease_ttl
+                )
+            except NotSupportedError:
+                return None
+            except ThreadBusyError:
+                if on_busy != "wait":
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _heartbeat(self, lease: Lease, holder: list[Lease]) -> None:
+        store = self._store()
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            holder[0] = await store.renew_lease(holder[0], ttl=self.lease_ttl)
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def _execute(
+        self,
+        input: Any,
+        *,
+        thread_id: str | None,
+        checkpoint_id: str | None,
+        durability: Durability,
+        recursion_limit: int | None,
+        on_busy: Literal["raise", "wait"],
+        metadata: Mapping[str, Any] | None,
+        emitter: Emitter,
+    ) -> RunResult:
+        if durability not in _DURABILITIES:
+            raise GraphExecError(f"durability must be one of {_DURABILITIES}, got {durability!r}")
+        if on_busy not in ("raise", "wait"):
+            raise GraphExecError(f"on_busy must be 'raise' or 'wait', got {on_busy!r}")
+        limit = self.recursion_limit if recursion_limit is None else recursion_limit
+        if limit < 1:
+            raise GraphExecError(f"recursion_limit must be >= 1, got {limit}")
+        run_id = uuid.uuid4().hex
+        lease = await self._acquire(thread_id, run_id, on_busy)
+        holder: list[Lease] = [lease] if lease is not None else []
+        beat = asyncio.create_task(self._heartbeat(lease, holder)) if lease is not None else None
+        run = Run(
+            self,
+            thread_id=thread_id,
+            run_id=run_id,
+            durability=durability,
+            recursion_limit=limit,
+            emitter=emitter,
+            lease=lease,
+            metadata=metadata,
+        )
+        try:
+            tup = await run.load(checkpoint_id)
+            run._loaded = tup
+            if input is None:
+                if tup is None:
+                    assert thread_id is not None or self.checkpointer is None
+                    if thread_id is None:
+                        raise GraphExecError("input=None resumes a thread; pass an input")
+                    raise resume_error(thread_id)
+                run.check_version()
+                run.set_pending(tup)
+            else:
+                await run.start(input, tup)
+            await run.loop()
+            status: Literal["done", "failed"] = "done"
+            error: BaseException | None = None
+        except _RUN_FAILURES as e:
+            status, error = "failed", e
+        finally:
+            run.committer.abandon()
+            if beat is not None:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError, LeaseLostError):
+                    await beat
+            if holder and self.checkpointer is not None:
+                await asyncio.shield(self.checkpointer.release_lease(holder[0]))
+        return RunResult(
+            values=dict(run.values),
+            status=status,
+            interruptions=(),
+            thread_id=thread_id,
+            run_id=run_id,
+            checkpoint_id=run.head if thread_id is not None else None,
+            error=error,
+        )
+
+    async def arun(
+        self,
+        input: Any,
+        *,
+        thread_id: str | None = None,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        durability: Durability = "sync",
+        recursion_limit: int | None = None,
+        on_busy: Literal["raise", "wait"] = "raise",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> RunResult:
+        """Run the graph and report how it ended, without raising for node failures.
+
+        Args:
+            input: A dict (or schema instance) of state keys for a new run; ``None`` to resume
+                the thread from its last checkpoint (or, with ``checkpoint_id``, to replay
+                from that checkpoint on a new branch); or a :class:`~graphexec.Command`.
+            thread_id: The thread; required when the graph has a checkpointer.
+            checkpoint_id: Start from this checkpoint instead of the thread's head.
+            config: LangGraph-style ``{"configurable": {"thread_id": ...}}``.
+            durability: ``"sync"`` commits each step before the next starts (a crash loses
+                at most the running step's unfinished tasks); ``"async"`` overlaps each commit
+                with the next step (a crash can also lose the last committed-in-flight steps);
+                ``"exit"`` writes once when the run ends, is interrupted or fails (a crash
+                loses the whole run).
+            recursion_limit: Maximum supersteps for this run.
+            on_busy: When another run owns the thread: ``"raise"`` ThreadBusyError, or
+                ``"wait"`` until it is free.
+            metadata: Recorded in every checkpoint this run writes.
+
+        Returns:
+            A :class:`~graphexec.RunResult`; ``status="failed"`` carries the error.
+        """
+        thread_id, checkpoint_id = self._thread(thread_id, checkpoint_id, config, required=False)
+        return await self._execute(
+            input,
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+            durability=durability,
+            recursion_limit=recursion_limit,
+            on_busy=on_busy,
+            metadata=metadata,
+            emitter=Emitter(frozenset(), None),
+        )
+
+    def run(self, input: Any, **kwargs: Any) -> RunResult:
+        """Sync twin of :meth:`arun`."""
+        return run_sync(self.arun(input, **kwargs), what="run")
+
+    async def ainvoke(
+        self,
+        input: Any,
+        *,
+        thread_id: str | None = None,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        durability: Durability = "sync",
+        recursion_limit: int | None = None,
+        on_busy: Literal["raise", "wait"] = "raise",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Run the graph and return the final state values; raise if a node fails.
+
+        Same arguments as :meth:`arun`.
+
+        Raises:
+            NodeExecutionError: a node failed (after its retries); the thread stays resumable
+                from its last checkpoint.
+            InvalidUpdateError: a node returned something the schema refuses.
+            RecursionLimitError: the run took too many steps.
+        """
+        result = await self.arun(
+            input,
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+            config=config,
+            durability=durability,
+            recursion_limit=recursion_limit,
+            on_busy=on_busy,
+            metadata=metadata,
+        )
+        if result.error is not None:
+            raise result.error
+        return result.values
+
+    def invoke(self, input: Any, **kwargs: Any) -> dict[str, Any]:
+        """Sync twin of :meth:`ainvoke`."""
+        return run_sync(self.ainvoke(input, **kwargs), what="invoke")
+
+    async def astream(
+        self,
+        input: Any,
+        *,
+        mode: StreamMode | Sequence[StreamMode] = "values",
+        thread_id: str | None = None,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        durability: Durability = "sync",
+        recursion_limit: int | None = None,
+        on_busy: Literal["raise", "wait"] = "raise",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[Any]:
+        """Run the graph, yielding parts as they happen.
+
+        Modes: ``"values"`` (the whole state after the input and after every step),
+        ``"updates"`` (``{node: update}`` as each task finishes), ``"events"`` (task start,
+        end and error, and checkpoint commits, as dicts with an ``"event"`` key) and
+        ``"custom"`` (whatever nodes pass to ``ctx.stream_writer``). With one mode, parts are
+        yielded as they are; with a list of modes, as ``(mode, part)`` tuples. Raises like
+        :meth:`ainvoke` when the run fails.
+        """
+        modes = [mode] if isinstance(mode, str) else list(mode)
+        for m in modes:
+            if m not in _MODES:
+                raise GraphExecError(f"unknown stream mode {m!r}; choose from {_MODES}")
+        if not modes:
+            raise GraphExecError("pass at least one stream mode")
+        thread_id, checkpoint_id = self._thread(thread_id, checkpoint_id, config, required=False)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        emitter = Emitter(frozenset(modes), queue)
+        task = asyncio.create_task(
+            self._execute(
+                input,
+                thread_id=thread_id,
+                checkpoint_id=checkpoint_id,
+                durability=durability,
+                recursion_limit=recursion_limit,
+                on_busy=on_busy,
+                metadata=metadata,
+                emitter=emitter,
+            )
+        )
+        task.add_done_callback(lambda _: queue.put_nowait(_DONE))
+        single = isinstance(mode, str)
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    break
+                yield item[1] if single else item
+            result = await task
+            if result.error is not None:
+                raise result.error
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def stream(self, input: Any, **kwargs: Any) -> Iterator[Any]:
+        """Sync twin of :meth:`astream`."""
+        return iterate_sync(self.astream(input, **kwargs), what="stream")
+
+    # -- reading state ----------------------------------------------------------------------
+
+    def _snapshot(self, cp: Checkpoint, values: dict[str, Any]) -> StateSnapshot:
+        return StateSnapshot(
+            values=values,
+            next=cp.next_nodes,
+            checkpoint_id=cp.checkpoint_id,
+            parent_id=cp.parent_id,
+            step=cp.step,
+            created_at=cp.created_at,
+            metadata=dict(cp.metadata),
+            interruptions=(),
+            thread_id=cp.thread_id,
+        )
+
+    async def aget_state(
+        self,
+        thread_id: str | None = None,
+        *,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> StateSnapshot | None:
+        """The thread's latest state (or the state at ``checkpoint_id``); ``None`` if unknown."""
+        thread, cid = self._thread(thread_id, checkpoint_id, config, required=True)
+        assert thread is not None
+        tup = await self._store().get(thread, "", cid)
+        if tup is None:
+            return None
+        return self._snapshot(tup.checkpoint, self.materialize(tup))
+
+    def get_state(self, thread_id: str | None = None, **kwargs: Any) -> StateSnapshot | None:
+        """Sync twin of :meth:`aget_state`."""
+        return run_sync(self.aget_state(thread_id, **kwargs), what="get_state")
+
+    async def aget_state_history(
+        self,
+        thread_id: str | None = None,
+        *,
+        limit: int | None = None,
+        before: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> list[StateSnapshot]:
+        """States along the thread's current branch, newest first.
+
+        Args:
+            thread_id: The thread.
+            limit: At most this many.
+            before: Start below this checkpoint id (for paging).
+            config: LangGraph-style thread selection.
+        """
+        thread, _ = self._thread(thread_id, None, config, required=True)
+        assert thread is not None
+        if limit is not None and limit < 1:
+            raise GraphExecError(f"limit must be >= 1, got {limit}")
+        store = self._store()
+        cps = list(await store.list(thread, "", limit=limit, before=before))
+        if not cps:
+            return []
+        oldest = cps[-1]
+        tup = await store.get(thread, "", oldest.checkpoint_id)
+        if tup is None:
+            raise CheckpointError(
+                f"thread {thread!r}: checkpoint {oldest.checkpoint_id!r} vanished while reading"
+            )
+        values = self.materialize(tup)
+        out = [self._snapshot(oldest, dict(values))]
+        for cp in reversed(cps[:-1]):
+            self.apply_deltas(values, cp)
+            out.append(self._snapshot(cp, dict(values)))
+        out.reverse()
+        return out
+
+    def get_state_history(self, thread_id: str | None = None, **kwargs: Any) -> list[StateSnapshot]:
+        """Sync twin of :meth:`aget_state_history`."""
+        return run_sync(self.aget_state_history(thread_id, **kwargs), what="get_state_history")
+
+    # -- time travel ------------------------------------------------------------------------
+
+    async def aupdate_state(
+        self,
+        thread_id: str | None,
+        values: Any,
+        *,
+        as_node: str | None = None,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Apply ``values`` as if ``as_node`` had returned them, as a new checkpoint.
+
+        Values go through the reducers. With ``as_node``, what runs next is computed from that
+        node's edges (``as_node=END`` finishes the thread); without it, the thread keeps its
+        pending next nodes. With a ``checkpoint_id`` that is not the head, the new checkpoint
+        starts a branch from it and becomes the head.
+
+        Returns:
+            The new checkpoint's id.
+        """
+        thread, cid = self._thread(thread_id, checkpoint_id, config, required=True)
+        assert thread is not None
+        if as_node is not None and as_node not in self.spec.nodes and as_node not in (START, END):
+            raise GraphExecError(
+                f"update_state(as_node={as_node!r}): no such node; known nodes: "
+                f"{', '.join(self.spec.nodes)}"
+            )
+        run = Run(
+            self,
+            thread_id=thread,
+            run_id=uuid.uuid4().hex,
+            durability="sync",
+            recursion_limit=self.recursion_limit,
+            emitter=Emitter(frozenset(), None),
+            lease=None,
+        )
+        tup = await run.load(cid)
+        if tup is None:
+            raise ThreadNotFoundError(
+                f"thread {thread!r} does not exist; start it with invoke() first",
+                thread_id=thread,
+            )
+        writer = as_node or "__update__"
+        items = list(self.spec.schema.coerce_update(writer, values).items())
+        outcome = Outcome(Task(writer, False, 0, None, ""), run._encode(writer, items), [])
+        deltas = run._apply([outcome])
+        if as_node is None:
+            frontier = Frontier(
+                [Task(t.node, t.push, t.index, t.arg, "") for t in run.frontier.tasks],
+                run.frontier.barriers,
+            )
+        elif as_node == END:
+            frontier = Frontier()
+        else:
+            outcome.routes = await run._branch_routes(as_node, run.values, None)
+            frontier = run._next_frontier([outcome], run.frontier)
+        meta = {"writes": {writer: [ch for ch, _ in items]}, "as_node": as_node}
+        await run._commit("update", deltas, frontier, meta)
+        assert run.head is not None
+        return run.head
+
+    def update_state(self, thread_id: str | None, values: Any, **kwargs: Any) -> str:
+        """Sync twin of :meth:`aupdate_state`."""
+        return run_sync(self.aupdate_state(thread_id, values, **kwargs), what="update_state")
+
+    async def afork(self, thread_id: str, checkpoint_id: str, new_thread_id: str) -> str:
+        """Start ``new_thread_id`` from ``thread_id``'s checkpoint; the source is untouched.
+
+        The new thread's first checkpoint holds the source checkpoint's values and next tasks;
+        running it with ``invoke(None, thread_id=new_thread_id)`` continues from there. Task ids
+        and idempotency keys differ from the source's.
+
+        Returns:
+            The new thread's first checkpoint id.
+        """
+        self._thread(thread_id, checkpoint_id, None, required=True)
+        self._thread(new_thread_id, None, None, required=True)
+        store = self._store()
+        if await store.get(new_thread_id) is not None:
+            raise CheckpointError(
+                f"fork target thread {new_thread_id!r} already exists; choose a new thread id"
+            )
+        tup = await store.get(thread_id, "", checkpoint_id)
+        if tup is None:
+            raise CheckpointNotFoundError(
+                f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}",
+                thread_id=thread_id,
+                checkpoint_id=checkpoint_id,
+            )
+        run = Run(
+            self,
+            thread_id=new_thread_id,
+            run_id=uuid.uuid4().hex,
+            durability="sync",
+            recursion_limit=self.recursion_limit,
+            emitter=Emitter(frozenset(), None),
+            lease=None,
+        )
+        run.values = self.materialize(tup)
+        source = self.decode_frontier(tup.checkpoint)
+        run.step = tup.checkpoint.step - 1
+        frontier = Frontier(
+            [Task(t.node, t.push, t.index, t.arg, "") for t in source.tasks], source.barriers
+        )
+        meta = {"forked_from": {"thread_id": thread_id, "checkpoint_id": checkpoint_id}}
+        await run._commit("fork", {}, frontier, meta)
+        assert run.head is not None
+        return run.head
+
+    def fork(self, thread_id: str, checkpoint_id: str, new_thread_id: str) -> str:
+        """Sync twin of :meth:`afork`."""
+        return run_sync(self.afork(thread_id, checkpoint_id, new_thread_id), what="fork")
+
+    async def alist_threads(self) -> list[ThreadInfo]:
+        """Every thread in the checkpointer, most recently updated first."""
+        return list(await self._store().list_threads())
+
+    def list_threads(self) -> list[ThreadInfo]:
+        """Sync twin of :meth:`alist_threads`."""
+        return run_sync(self.alist_threads(), what="list_threads")
+
+    async def alist_branches(self, thread_id: str) -> list[BranchInfo]:
+        """The tips of every branch of the thread (replays and ``update_state`` forks)."""
+        self._thread(thread_id, None, None, required=True)
+        store = self._store()
+        head = await store.get(thread_id)
+        head_id = None if head is None else head.checkpoint.checkpoint_id
+        return [
+            BranchInfo(
+                cp.checkpoint_id, cp.step, cp.created_at, cp.next_nodes, cp.checkpoint_id == head_id
+            )
+            for cp in await store.list_tips(thread_id)
+        ]
+
+    def list_branches(self, thread_id: str) -> list[BranchInfo]:
+        """Sync twin of :meth:`alist_branches`."""
+        return run_sync(self.alist_branches(thread_id), what="list_branches")
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete the thread's checkpoints, pending writes and lease."""
+        self._thread(thread_id, None, None, required=True)
+        await self._store().delete_thread(thread_id)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Sync twin of :meth:`adelete_thread`."""
+        run_sync(self.adelete_thread(thread_id), what="delete_thread")
+
+    async def aprune(self, thread_id: str, *, keep_last: int) -> int:
+        """Keep the last ``keep_last`` checkpoints (see :meth:`BaseCheckpointer.prune`)."""
+        self._thread(thread_id, None, None, required=True)
+        return await self._store().prune(thread_id, keep_last=keep_last)
+
+    def prune(self, thread_id: str, *, keep_last: int) -> int:
+        """Sync twin of :meth:`aprune`."""
+        return run_sync(self.aprune(thread_id, keep_last=keep_last), what="prune")
+
+    # -- introspection ----------------------------------------------------------------------
+
+    def to_networkx(self) -> nx.DiGraph[str]:
+        """The graph as a networkx ``DiGraph``.
+
+        Edges carry a ``kind`` attribute: ``edge``, ``join``, ``conditional`` or
+        ``destination``; conditional edges also carry the routing ``label``.
+        """
+        g: nx.DiGraph[str] = nx.DiGraph(name=self.name)
+        g.add_node(START)
+        for name, node in self.spec.nodes.items():
+            g.add_node(name, subgraph=node.subgraph is not None)
+        g.add_node(END)
+        for source, targets in self.spec.edges.items():
+            for t in targets:
+                g.add_edge(source, t, kind="edge")
+        for sources, target in self.spec.joins:
+            for s in sources:
+                g.add_edge(s, target, kind="join")
+        for source, branches in self.spec.branches.items():
+            for br in branches:
+                mapping = br.path_map or {n: n for n in [*self.spec.nodes, END]}
+                for key, target in mapping.items():
+                    g.add_edge(source, target, kind="conditional", label=str(key))
+        for name, node in self.spec.nodes.items():
+            for d in node.destinations:
+                g.add_edge(name, d, kind="destination")
+        return g
+
+    def draw_mermaid(self) -> str:
+        """Mermaid flowchart text for the graph."""
+        return draw_mermaid(self.to_networkx())

@@ -1,0 +1,958 @@
+"""Checkpoint encoding: msgpack with a closed type registry.
+
+Every value graphexec stores (channel values, pending writes, interrupt payloads) goes through a
+:class:`Serializer`. The format is plain msgpack plus a handful of extension types, and the
+design rule is security: **stored bytes never choose what code runs**. There is no pickle, and
+nothing is imported or looked up by a name read from storage. A stored registered value carries
+a name, but that name is only a key into the dictionary of classes *this process* registered
+with :meth:`Serializer.register`; an unknown name is an error, never an import.
+
+Supported without registration: ``None``, ``bool``, ``int`` (any size), ``float`` (including
+NaN and infinities), ``str``, ``bytes``, ``list``, ``dict`` (any supported keys, insertion order
+kept), ``tuple``, ``set``, ``frozenset``, :class:`datetime.datetime`, :class:`~datetime.date`,
+:class:`~datetime.time`, :class:`~datetime.timedelta`, :class:`datetime.timezone`,
+:class:`zoneinfo.ZoneInfo`, :class:`uuid.UUID` and :class:`decimal.Decimal`. Each comes back as
+its exact type: a tuple stays a tuple, a frozenset a frozenset. ``bytearray`` and
+``memoryview`` are written as (and read back as) ``bytes``.
+
+Supported after registration: Enum classes, pydantic models, dataclasses, NamedTuples, and any
+class given explicit ``encode``/``decode`` callables. :meth:`Serializer.register_schema` walks a
+state schema's type hints and registers all of these it finds.
+
+Types are matched exactly, never by ``isinstance``: a subclass of a registered or built-in type
+must be registered on its own, so a value always decodes to the class it was written as.
+(``msgpack.ExtType`` and ``msgpack.Timestamp`` objects are the exception: msgpack writes them
+itself, so do not put them in state.)
+
+Wire format: msgpack's native types for the native values. The other built-in and registered
+types use the ``EXT_*`` extension codes below, in one of two shapes:
+
+* *leaf* extensions carry the whole value in their payload (big ints, dates, timedeltas, UUIDs,
+  Decimals, zone keys);
+* *structured* values (tuples, sets, datetimes, registered classes, ...) are written as a msgpack
+  array whose first element is a zero-length *marker* extension naming the type, followed by the
+  parts, which are encoded like any other value.
+
+Structured values never nest msgpack documents inside extension payloads, so one ``unpackb`` call
+reads the whole value: stored bytes cannot drive decoding into deep C recursion (each nested
+``unpackb`` would take about 40 KB of C stack, enough to crash a thread from a few hundred levels).
+A marker found anywhere but at the head of an array makes the data corrupt.
+
+Output is deterministic: equal values (dicts in the same insertion order) give equal bytes; sets
+and frozensets are written in the sorted order of their elements' encoded bytes. Extension code
+``-1`` is msgpack's reserved timestamp type; graphexec never writes it, and reads it as an aware
+UTC :class:`~datetime.datetime`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import functools
+import reprlib
+import struct
+import threading
+import types
+import typing
+import uuid
+import zoneinfo
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+import msgpack  # type: ignore[import-untyped]
+import pydantic
+
+from graphexec.errors import DeserializationError, SerializationError
+
+__all__ = [
+    "EXT_BIGINT",
+    "EXT_DATE",
+    "EXT_DATETIME",
+    "EXT_DECIMAL",
+    "EXT_FROZENSET",
+    "EXT_REGISTERED",
+    "EXT_SET",
+    "EXT_TIME",
+    "EXT_TIMEDELTA",
+    "EXT_TIMEZONE",
+    "EXT_TUPLE",
+    "EXT_UUID",
+    "EXT_ZONEINFO",
+    "Serializer",
+    "default_serializer",
+]
+
+# Extension type codes. These are part of the stored format: never renumber or reuse one.
+EXT_BIGINT: Final = 1
+"""Leaf: an ``int`` outside msgpack's range (below -2**63 or above 2**64 - 1).
+
+Payload: the value's signed, big-endian two's-complement bytes."""
+EXT_TUPLE: Final = 2
+"""Marker: ``[EXT_TUPLE, *items]`` is a ``tuple``."""
+EXT_SET: Final = 3
+"""Marker: ``[EXT_SET, *items]`` is a ``set``; items sorted by their encoded bytes."""
+EXT_FROZENSET: Final = 4
+"""Marker: ``[EXT_FROZENSET, *items]`` is a ``frozenset``; items sorted as for :data:`EXT_SET`."""
+EXT_DATETIME: Final = 5
+"""Marker: a :class:`datetime.datetime`.
+
+``[EXT_DATETIME, year, month, day, hour, minute, second, microsecond, fold, tzinfo]``, where
+``tzinfo`` is nil (naive) or an encoded tzinfo value (:data:`EXT_TIMEZONE`, :data:`EXT_ZONEINFO`
+or an instance of a registered tzinfo class)."""
+EXT_DATE: Final = 6
+"""Leaf: a :class:`datetime.date`. Payload: its proleptic Gregorian ordinal, 4 bytes big-endian."""
+EXT_TIME: Final = 7
+"""Marker: ``[EXT_TIME, hour, minute, second, microsecond, fold, tzinfo]``, a
+:class:`datetime.time`."""
+EXT_TIMEDELTA: Final = 8
+"""Leaf: a :class:`datetime.timedelta`.
+
+Payload: days (int32), seconds (uint32) and microseconds (uint32), big-endian."""
+EXT_UUID: Final = 9
+"""Leaf: a :class:`uuid.UUID`. Payload: its 16 raw bytes."""
+EXT_DECIMAL: Final = 10
+"""Leaf: a :class:`decimal.Decimal`. Payload: ``str(value)`` in ASCII (exact, NaN and Infinity
+too)."""
+EXT_TIMEZONE: Final = 11
+"""Marker: ``[EXT_TIMEZONE, offset_in_microseconds, name]``, a fixed-offset
+:class:`datetime.timezone`; ``name`` is nil unless one was given explicitly."""
+EXT_ZONEINFO: Final = 12
+"""Leaf: a :class:`zoneinfo.ZoneInfo`. Payload: its key (e.g. ``Europe/Paris``) in UTF-8."""
+EXT_REGISTERED: Final = 13
+"""Marker: ``[EXT_REGISTERED, registered_name, data]``, an instance of a registered class.
+
+``data`` is the class's encoded form: the field dict of a pydantic model or dataclass, the value
+of an Enum member, the item list of a NamedTuple, or whatever a custom ``encode`` returned. On
+read, ``registered_name`` is looked up in the reading Serializer's own registry only."""
+
+_Children = Callable[[Any], Iterable[tuple[str, Any]]]
+
+# Exact types with a built-in encoding; registering one of them is refused.
+_BUILTIN_TYPES: Final = frozenset(
+    {
+        type(None),
+        bool,
+        int,
+        float,
+        str,
+        bytes,
+        bytearray,
+        memoryview,
+        list,
+        dict,
+        tuple,
+        set,
+        frozenset,
+        dt.datetime,
+        dt.date,
+        dt.time,
+        dt.timedelta,
+        dt.timezone,
+        zoneinfo.ZoneInfo,
+        uuid.UUID,
+        decimal.Decimal,
+    }
+)
+_ONE_MICROSECOND: Final = dt.timedelta(microseconds=1)
+_TIMEDELTA: Final = struct.Struct(">iII")
+_DATE: Final = struct.Struct(">I")
+
+
+class _Marker:
+    """What the decoder's ext hook returns for a marker extension; never escapes :meth:`loads`."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+_MARKER_CODES: Final = (
+    EXT_TUPLE,
+    EXT_SET,
+    EXT_FROZENSET,
+    EXT_DATETIME,
+    EXT_TIME,
+    EXT_TIMEZONE,
+    EXT_REGISTERED,
+)
+# Written by the encoder (msgpack packs ExtType natively) ...
+_TUPLE: Final = msgpack.ExtType(EXT_TUPLE, b"")
+_SET: Final = msgpack.ExtType(EXT_SET, b"")
+_FROZENSET: Final = msgpack.ExtType(EXT_FROZENSET, b"")
+_DATETIME: Final = msgpack.ExtType(EXT_DATETIME, b"")
+_TIME: Final = msgpack.ExtType(EXT_TIME, b"")
+_TIMEZONE: Final = msgpack.ExtType(EXT_TIMEZONE, b"")
+_REGISTERED: Final = msgpack.ExtType(EXT_REGISTERED, b"")
+# ... and read back as these singletons, which the list hook recognises by identity of type.
+_MARKERS: Final = {code: _Marker(code) for code in _MARKER_CODES}
+
+
+class _ThreadState(threading.local):
+    packer: Any = None
+    """This thread's idle top-level Packer (None while in use or not yet made)."""
+    markers: int = 0
+    """Markers decoded minus markers consumed at the head of an array, in this thread."""
+
+
+class _Unsupported(Exception):
+    """Raised by the encoder's ``default`` hook; :meth:`Serializer.dumps` reports it."""
+
+    def __init__(self, obj: Any, reason: str | None = None) -> None:
+        super().__init__(obj)
+        self.obj = obj
+        self.reason = reason
+
+
+class _Corrupt(Exception):
+    """Raised by decoding hooks; :meth:`Serializer.loads` reports it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Entry:
+    """How one registered class is encoded and decoded."""
+
+    cls: type
+    name: str
+    to_data: Callable[[Any], Any]
+    from_data: Callable[[Any], Any]
+    children: _Children
+    """Yields ``(path_suffix, child)`` pairs; used only to locate a failing value in errors."""
+    explicit: tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None]
+
+
+def _type_name(cls: type) -> str:
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_namedtuple(cls: type) -> bool:
+    return issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def _is_typeddict(cls: type) -> bool:
+    # Duck-typed so it also recognises typing_extensions.TypedDict classes.
+    return issubclass(cls, dict) and hasattr(cls, "__required_keys__")
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls, include_extras=True)
+    except Exception:
+        # Unresolvable forward references (e.g. classes local to a function): keep what is
+        # already evaluated. Types only reachable through a string hint must be registered
+        # explicitly; dumps() names them if they are not.
+        raw = getattr(cls, "__annotations__", {})
+        return {k: v for k, v in raw.items() if not isinstance(v, str)}
+
+
+class Serializer:
+    """Encodes values to msgpack bytes and back, constructing only types it was told about.
+
+    A Serializer is safe to share between threads once its types are registered. Register every
+    type before the first :meth:`dumps`/:meth:`loads`: the registry is not locked.
+
+    Example:
+        A Serializer for a graph whose state schema is ``MyState``::
+
+            serde = Serializer()
+            serde.register_schema(MyState)
+            blob = serde.dumps(state["notes"], channel="notes")
+            assert serde.loads(blob, channel="notes") == state["notes"]
+    """
+
+    def __init__(self, types: Iterable[type] = ()) -> None:
+        """Create a Serializer knowing the built-in types plus ``types``.
+
+        Args:
+            types: Classes to :meth:`register` under their default names.
+        """
+        self._by_type: dict[type, _Entry] = {}
+        self._by_name: dict[str, _Entry] = {}
+        self._local = _ThreadState()
+        self._encoders: dict[type, Callable[[Any], Any]] = {
+            int: _enc_bigint,
+            tuple: _enc_tuple,
+            set: self._enc_set,
+            frozenset: self._enc_frozenset,
+            dt.datetime: _enc_datetime,
+            dt.date: _enc_date,
+            dt.time: _enc_time,
+            dt.timedelta: _enc_timedelta,
+            dt.timezone: _enc_timezone,
+            zoneinfo.ZoneInfo: _enc_zoneinfo,
+            uuid.UUID: _enc_uuid,
+            decimal.Decimal: _enc_decimal,
+        }
+        self._structured: dict[int, Callable[[list[Any]], Any]] = {
+            EXT_TUPLE: _dec_tuple,
+            EXT_SET: _dec_set,
+            EXT_FROZENSET: _dec_frozenset,
+            EXT_DATETIME: _dec_datetime,
+            EXT_TIME: _dec_time,
+            EXT_TIMEZONE: _dec_timezone,
+            EXT_REGISTERED: self._dec_registered,
+        }
+        for cls in types:
+            self.register(cls)
+
+    # -- registry ---------------------------------------------------------------------------
+
+    def register(
+        self,
+        cls: type,
+        *,
+        name: str | None = None,
+        encode: Callable[[Any], Any] | None = None,
+        decode: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """Allow instances of exactly ``cls`` to be stored and read back.
+
+        Without ``encode``/``decode``, ``cls`` must be an Enum (stored by value), a pydantic model
+        (its fields, read back with ``model_validate``), a dataclass (its fields, read back with
+        ``cls(**init_fields)``; ``init=False`` fields are set afterwards) or a NamedTuple. Any
+        other class needs both callables: ``encode(obj)`` returns a value this Serializer can
+        store (it may contain other registered types) and ``decode(data)`` rebuilds the object.
+
+        Registering the same class under the same name and codec again does nothing.
+
+        Args:
+            cls: The class. Subclasses are not covered; register them separately.
+            name: The name written to storage. Defaults to ``"module.QualName"``. It is only a key
+                into this registry; renaming a class while keeping ``name`` keeps old data
+                readable.
+            encode: Turns an instance into storable data. Requires ``decode``.
+            decode: Turns that data back into an instance. Requires ``encode``.
+
+        Raises:
+            TypeError: ``cls`` is not a class, only one of ``encode``/``decode`` was given, or
+                ``cls`` is not a supported kind and has no codec.
+            ValueError: ``cls`` is built in, ``name`` is taken by a different class, or ``cls``
+                is already registered under another name or codec.
+        """
+        if not isinstance(cls, type):
+            raise TypeError(f"Serializer.register() expects a class, got {cls!r}")
+        if (encode is None) != (decode is None):
+            raise TypeError(
+                f"cannot register {_type_name(cls)}: pass both encode= and decode=, or neither"
+            )
+        if cls in _BUILTIN_TYPES:
+            raise ValueError(f"{_type_name(cls)} is built in; it needs no registration")
+        reg_name = _type_name(cls) if name is None else name
+        if not isinstance(reg_name, str) or not reg_name:
+            raise ValueError(f"cannot register {_type_name(cls)}: name must be a non-empty str")
+        taken = self._by_name.get(reg_name)
+        if taken is not None and taken.cls is not cls:
+            same = " (a different class with the same qualified name)"
+            raise ValueError(
+                f"cannot register {_type_name(cls)} as {reg_name!r}: that name is already "
+                f"registered for {_type_name(taken.cls)}"
+                f"{same if _type_name(taken.cls) == _type_name(cls) else ''}; pass name= to "
+                "register one of them under a different name"
+            )
+        previous = self._by_type.get(cls)
+        if previous is not None:
+            if previous.name == reg_name and previous.explicit == (encode, decode):
+                return
+            raise ValueError(
+                f"{_type_name(cls)} is already registered as {previous.name!r}"
+                f"{' with a different codec' if previous.name == reg_name else ''}; "
+                "a class can be registered only once"
+            )
+        entry = self._make_entry(cls, reg_name, encode, decode)
+        to_data = entry.to_data
+
+        def encoder(obj: Any) -> Any:
+            return [_REGISTERED, reg_name, to_data(obj)]
+
+        self._by_type[cls] = entry
+        self._by_name[reg_name] = entry
+        self._encoders[cls] = encoder
+
+    def register_schema(self, schema: Any) -> None:
+        """Register every Enum, pydantic model, dataclass and NamedTuple a state schema uses.
+
+        Walks the type hints of ``schema`` (a TypedDict, pydantic model or dataclass class, or
+        any type hint) recursively, through ``Annotated``, ``Optional``/unions, ``list``,
+        ``dict``, ``tuple``, ``set``, generic aliases, ``Literal`` enum members and nested
+        classes. Nested TypedDicts are walked but not registered (their values are plain dicts).
+        Recursive models are fine. Classes already registered (under any name) are left as they
+        are.
+
+        Args:
+            schema: The state schema or type hint to walk.
+
+        Raises:
+            ValueError: A class found conflicts with an existing registration (see
+                :meth:`register`).
+        """
+        self._walk(schema, set())
+
+    def fingerprint_types(self) -> list[str]:
+        """Return the registered names, sorted; used in graph fingerprints.
+
+        Returns:
+            The names of all registered classes (built-in types are not listed).
+        """
+        return sorted(self._by_name)
+
+    def _make_entry(
+        self,
+        cls: type,
+        name: str,
+        encode: Callable[[Any], Any] | None,
+        decode: Callable[[Any], Any] | None,
+    ) -> _Entry:
+        explicit = (encode, decode)
+        if encode is not None and decode is not None:
+            return _Entry(cls, name, encode, decode, lambda o: [("", encode(o))], explicit)
+        if issubclass(cls, enum.Enum):
+            return _Entry(cls, name, _enum_value, cls, lambda o: [(".value", o.value)], explicit)
+        if issubclass(cls, pydantic.RootModel):
+            return _Entry(
+                cls,
+                name,
+                _root_value,
+                cls.model_validate,
+                lambda o: [(".root", o.root)],
+                explicit,
+            )
+        if issubclass(cls, pydantic.BaseModel):
+            to_data = functools.partial(_model_fields, tuple(cls.model_fields))
+            return _Entry(
+                cls,
+                name,
+                to_data,
+                functools.partial(_model_validate, cls),
+                lambda o: [(f".{k}", v) for k, v in to_data(o).items()],
+                explicit,
+            )
+        if dataclasses.is_dataclass(cls):
+            fields = dataclasses.fields(cls)
+            names = tuple(f.name for f in fields)
+            init = frozenset(f.name for f in fields if f.init)
+            after = frozenset(f.name for f in fields if not f.init)
+            to_data = functools.partial(_dataclass_fields, names)
+            return _Entry(
+                cls,
+                name,
+                to_data,
+                functools.partial(_dataclass_build, cls, init, after),
+                lambda o: [(f".{k}", v) for k, v in to_data(o).items()],
+                explicit,
+            )
+        if _is_namedtuple(cls):
+            field_names: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+            return _Entry(
+                cls,
+                name,
+                list,
+                functools.partial(_namedtuple_build, cls),
+                lambda o: [(f".{k}", v) for k, v in zip(field_names, o, strict=True)],
+                explicit,
+            )
+        raise TypeError(
+            f"cannot register {_type_name(cls)} without encode= and decode=: it is not an Enum, "
+            "pydantic model, dataclass or NamedTuple"
+        )
+
+    def _walk(self, hint: Any, seen: set[Any]) -> None:
+        if hint is None or hint is Ellipsis or isinstance(hint, (str, typing.ForwardRef)):
+            return
+        origin = typing.get_origin(hint)
+        if origin is not None:
+            args = typing.get_args(hint)
+            if origin is typing.Annotated:
+                self._walk(args[0], seen)
+            elif origin is typing.Literal:
+                for arg in args:
+                    if isinstance(arg, enum.Enum):
+                        self._walk(type(arg), seen)
+            else:
+                self._walk(origin, seen)  # e.g. a generic dataclass: Box[int] -> Box
+                for arg in args:
+                    for item in arg if isinstance(arg, list) else (arg,):  # Callable[[A], B]
+                        self._walk(item, seen)
+            return
+        if isinstance(hint, typing.TypeVar):
+            for bound in (hint.__bound__, *hint.__constraints__):
+                self._walk(bound, seen)
+            return
+        supertype = getattr(hint, "__supertype__", None)  # typing.NewType
+        if supertype is not None:
+            self._walk(supertype, seen)
+            return
+        if not isinstance(hint, type) or hint in seen:
+            return
+        seen.add(hint)
+        if _is_typeddict(hint):
+            for sub in _type_hints(hint).values():
+                self._walk(sub, seen)
+        elif issubclass(hint, enum.Enum):
+            self._ensure(hint)
+        elif issubclass(hint, pydantic.BaseModel):
+            if hint is pydantic.BaseModel or hint is pydantic.RootModel:
+                return
+            self._ensure(hint)
+            for field in hint.model_fields.values():
+                self._walk(field.annotation, seen)
+        elif dataclasses.is_dataclass(hint):
+            self._ensure(hint)
+            hints = _type_hints(hint)
+            for f in dataclasses.fields(hint):
+                self._walk(hints.get(f.name, f.type), seen)
+        elif _is_namedtuple(hint) and hint is not tuple:
+            self._ensure(hint)
+            for sub in _type_hints(hint).values():
+                self._walk(sub, seen)
+
+    def _ensure(self, cls: type) -> None:
+        if cls not in self._by_type:
+            self.register(cls)
+
+    # -- encoding ---------------------------------------------------------------------------
+
+    def dumps(self, value: Any, *, channel: str | None = None) -> bytes:
+        """Encode ``value`` to bytes.
+
+        Args:
+            value: The value to store.
+            channel: The state key (channel) or write the value belongs to; used in errors.
+
+        Returns:
+            The msgpack bytes. Equal values give equal bytes.
+
+        Raises:
+            SerializationError: ``value`` contains an unregistered or unsupported type (the
+                message names the channel, the type and where in the value it sits), nests too
+                deeply, contains a reference cycle, or a custom ``encode`` failed.
+        """
+        # One Packer per thread, reused: cheaper than msgpack.packb() building one per call. It
+        # is taken out of its slot while in use, so a re-entrant dumps() (a custom encode calling
+        # dumps on this Serializer) makes its own.
+        state = self._local
+        packer = state.packer
+        if packer is None:
+            packer = msgpack.Packer(
+                default=self._default, strict_types=True, use_bin_type=True, datetime=False
+            )
+        else:
+            state.packer = None
+        try:
+            # Packing [value] and dropping the 1-byte array header makes msgpack's nesting limit
+            # one level tighter for the value, so dumps() never writes anything nested deeper
+            # than the unpacker's fixed-size stack (1024 containers) can read back.
+            return packer.pack([value])[1:]  # type: ignore[no-any-return]
+        except _Unsupported as e:
+            raise self._unsupported_error(value, e, channel) from None
+        except Exception as e:
+            raise self._failed_error(value, e, channel) from e
+        finally:
+            state.packer = packer  # pack() resets its buffer on errors too
+
+    def _default(self, obj: Any) -> Any:
+        # msgpack calls this for every value it does not pack natively (with strict_types, that
+        # includes tuples and subclasses of native types). It returns a leaf ExtType, or a
+        # marker-headed list whose parts msgpack then packs in the same pass.
+        encoder = self._encoders.get(type(obj))
+        if encoder is None:
+            raise _Unsupported(obj)
+        return encoder(obj)
+
+    def _sort_key(self, obj: Any) -> bytes:
+        return msgpack.packb(  # type: ignore[no-any-return]
+            obj, default=self._default, strict_types=True, use_bin_type=True, datetime=False
+        )
+
+    def _enc_set(self, obj: set[Any]) -> list[Any]:
+        return [_SET, *(sorted(obj, key=self._sort_key) if len(obj) > 1 else obj)]
+
+    def _enc_frozenset(self, obj: frozenset[Any]) -> list[Any]:
+        return [_FROZENSET, *(sorted(obj, key=self._sort_key) if len(obj) > 1 else obj)]
+
+    def _unsupported_error(
+        self, value: Any, exc: _Unsupported, channel: str | None
+    ) -> SerializationError:
+        obj = exc.obj
+        cls = type(obj)
+        type_name = _type_name(cls)
+        root = channel if channel else "value"
+        path = self._locate(value, obj, root)
+        where = f" at {path}" if path is not None and path != root else ""
+        problem = exc.reason if exc.reason is not None else self._problem(obj, type_name)
+        return SerializationError(
+            f"cannot serialize value{_for_channel(channel)}{where}: {problem}",
+            channel=channel,
+            type_name=type_name,
+        )
+
+    def _problem(self, obj: Any, type_name: str) -> str:
+        cls = type(obj)
+        unregistered = f"type {type_name!r} is not registered; "
+        if isinstance(
+            obj,
+            (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial),
+        ):
+            return f"{type_name!r} values (functions) cannot be stored in state; store data instead"
+        if (
+            issubclass(cls, (enum.Enum, pydantic.BaseModel))
+            or dataclasses.is_dataclass(cls)
+            or _is_namedtuple(cls)
+        ):
+            return unregistered + (
+                f"register it with Serializer.register({cls.__name__}) or use it in the state "
+                "schema's type hints"
+            )
+        for base in cls.__mro__[1:]:
+            if base in _BUILTIN_TYPES:
+                return unregistered + (
+                    f"subclasses of {_type_name(base)} are not stored as such; convert it to a "
+                    f"plain {_type_name(base)} or register it with "
+                    f"Serializer.register({cls.__name__}, encode=..., decode=...)"
+                )
+        return unregistered + (
+            f"register it with Serializer.register({cls.__name__}, encode=..., decode=...) or use "
+            "a pydantic model/dataclass in the state schema"
+        )
+
+    def _failed_error(self, value: Any, exc: Exception, channel: str | None) -> SerializationError:
+        if isinstance(exc, RecursionError) or (
+            isinstance(exc, ValueError) and "recursion limit" in str(exc)
+        ):
+            problem = "the value nests too deeply or contains a reference cycle"
+        else:
+            problem = f"{type(exc).__name__}: {exc}"
+        return SerializationError(
+            f"cannot serialize value{_for_channel(channel)}: {problem}",
+            channel=channel,
+            type_name=_type_name(type(value)),
+        )
+
+    def _locate(self, value: Any, target: Any, root: str) -> str | None:
+        """Find the path to ``target`` inside ``value`` (error path only, so it may be slow)."""
+        seen: set[int] = set()
+        short = reprlib.Repr()
+        short.maxstring = short.maxother = 40
+
+        def walk(obj: Any, path: str) -> str | None:
+            if obj is target:
+                return path
+            cls = type(obj)
+            children: Iterable[tuple[str, Any]]
+            if cls is list or cls is tuple:
+                children = ((f"[{i}]", item) for i, item in enumerate(obj))
+            elif cls is dict:
+                children = (
+                    pair
+                    for k, v in obj.items()
+                    for pair in ((f"<key {short.repr(k)}>", k), (f"[{short.repr(k)}]", v))
+                )
+            elif cls is set or cls is frozenset:
+                children = (("<element>", item) for item in obj)
+            elif cls is dt.datetime or cls is dt.time:
+                children = ((".tzinfo", obj.tzinfo),)
+            elif cls in self._by_type:
+                children = self._by_type[cls].children(obj)
+            else:
+                return None
+            if id(obj) in seen:
+                return None
+            seen.add(id(obj))
+            for suffix, child in children:
+                found = walk(child, path + suffix)
+                if found is not None:
+                    return found
+            return None
+
+        try:
+            return walk(value, root)
+        except Exception:  # a custom encode failing, a very deep value: give up on the path
+            return None
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def loads(self, data: bytes, *, channel: str | None = None) -> Any:
+        """Decode bytes written by :meth:`dumps`.
+
+        Only built-in types and classes registered with this Serializer are ever constructed;
+        names in the data are looked up in this Serializer's registry and nowhere else.
+
+        Args:
+            data: The bytes (``bytes``, ``bytearray`` or ``memoryview``).
+            channel: The state key (channel) or write being decoded; used in errors.
+
+        Returns:
+            The decoded value. Never ``None`` as a stand-in for failure.
+
+        Raises:
+            DeserializationError: The bytes are corrupt, truncated, followed by trailing bytes,
+                use an unknown extension code, or name a class this Serializer has not
+                registered (or whose decoding failed). The cause is chained.
+            TypeError: ``data`` is not bytes-like.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"Serializer.loads() expects bytes, got {type(data).__name__}")
+        state = self._local
+        before = state.markers
+        try:
+            value = msgpack.unpackb(
+                data,
+                ext_hook=self._ext_hook,
+                list_hook=self._list_hook,
+                raw=False,
+                strict_map_key=False,
+                # msgpack decodes its reserved ext -1 itself (no hook runs): make it an aware UTC
+                # datetime, a type we support anyway, rather than a msgpack.Timestamp.
+                timestamp=3,
+            )
+            if state.markers != before:
+                raise _Corrupt("a type marker is not at the head of an array")
+        except Exception as e:
+            state.markers = before
+            if isinstance(e, _Corrupt):
+                problem = str(e)
+            elif isinstance(e, msgpack.ExtraData):
+                problem = "unexpected bytes after the encoded value"
+            elif isinstance(e, ValueError) and "incomplete input" in str(e):
+                problem = "the data is truncated"
+            else:
+                detail = f": {e}" if str(e) else ""
+                problem = f"the data is corrupt ({type(e).__name__}{detail})"
+            raise DeserializationError(
+                f"cannot deserialize value{_for_channel(channel)}: {problem}", channel=channel
+            ) from e
+        return value
+
+    def _ext_hook(self, code: int, data: bytes) -> Any:
+        marker = _MARKERS.get(code)
+        if marker is not None:
+            if data:
+                raise _Corrupt(f"marker extension {code} has a payload")
+            self._local.markers += 1
+            return marker
+        leaf = _LEAVES.get(code)
+        if leaf is None:
+            raise _Corrupt(f"unknown extension type code {code}")
+        return leaf(data)
+
+    def _list_hook(self, items: list[Any]) -> Any:
+        # Called by msgpack for every array, innermost first, so parts are already decoded.
+        if not items or type(items[0]) is not _Marker:
+            return items
+        self._local.markers -= 1
+        return self._structured[items[0].code](items)
+
+    def _dec_registered(self, items: list[Any]) -> Any:
+        _, name, data = items
+        entry = self._by_name.get(name) if type(name) is str else None
+        if entry is None:
+            raise _Corrupt(
+                f"type {_short(name)} is not registered with this Serializer; register the class "
+                "under that name (Serializer.register(cls, name=...)) or add it to the state schema"
+            )
+        return entry.from_data(data)
+
+
+# -- built-in codecs -------------------------------------------------------------------------
+
+
+def _enc_bigint(obj: int) -> Any:
+    # Only reached for ints outside the 64-bit range: msgpack packs the others natively.
+    return msgpack.ExtType(
+        EXT_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True)
+    )
+
+
+def _enc_tuple(obj: tuple[Any, ...]) -> list[Any]:
+    return [_TUPLE, *obj]
+
+
+def _enc_datetime(obj: dt.datetime) -> list[Any]:
+    return [
+        _DATETIME,
+        obj.year,
+        obj.month,
+        obj.day,
+        obj.hour,
+        obj.minute,
+        obj.second,
+        obj.microsecond,
+        obj.fold,
+        obj.tzinfo,
+    ]
+
+
+def _enc_date(obj: dt.date) -> Any:
+    return msgpack.ExtType(EXT_DATE, _DATE.pack(obj.toordinal()))
+
+
+def _enc_time(obj: dt.time) -> list[Any]:
+    return [_TIME, obj.hour, obj.minute, obj.second, obj.microsecond, obj.fold, obj.tzinfo]
+
+
+def _enc_timedelta(obj: dt.timedelta) -> Any:
+    return msgpack.ExtType(EXT_TIMEDELTA, _TIMEDELTA.pack(obj.days, obj.seconds, obj.microseconds))
+
+
+def _enc_timezone(obj: dt.timezone) -> list[Any]:
+    offset = obj.utcoffset(None)
+    name: str | None = obj.tzname(None)
+    if name == dt.timezone(offset).tzname(None):
+        name = None  # the default "UTC+01:00"-style name: not worth storing
+    return [_TIMEZONE, offset // _ONE_MICROSECOND, name]
+
+
+def _enc_zoneinfo(obj: zoneinfo.ZoneInfo) -> Any:
+    if obj.key is None:
+        raise _Unsupported(obj, "a ZoneInfo loaded from a file has no key; use ZoneInfo(key)")
+    return msgpack.ExtType(EXT_ZONEINFO, obj.key.encode("utf-8"))
+
+
+def _enc_uuid(obj: uuid.UUID) -> Any:
+    return msgpack.ExtType(EXT_UUID, obj.bytes)
+
+
+def _enc_decimal(obj: decimal.Decimal) -> Any:
+    return msgpack.ExtType(EXT_DECIMAL, str(obj).encode("ascii"))
+
+
+def _dec_bigint(data: bytes) -> int:
+    return int.from_bytes(data, "big", signed=True)
+
+
+def _dec_date(data: bytes) -> dt.date:
+    (ordinal,) = _DATE.unpack(data)
+    return dt.date.fromordinal(ordinal)
+
+
+def _dec_timedelta(data: bytes) -> dt.timedelta:
+    days, seconds, microseconds = _TIMEDELTA.unpack(data)
+    return dt.timedelta(days=days, seconds=seconds, microseconds=microseconds)
+
+
+def _dec_zoneinfo(data: bytes) -> zoneinfo.ZoneInfo:
+    # ZoneInfo only reads the IANA database (it rejects absolute and escaping keys).
+    return zoneinfo.ZoneInfo(data.decode("utf-8"))
+
+
+def _dec_uuid(data: bytes) -> uuid.UUID:
+    return uuid.UUID(bytes=data)
+
+
+def _dec_decimal(data: bytes) -> decimal.Decimal:
+    text = data.decode("ascii")
+    value = decimal.Decimal(text)
+    # With the InvalidOperation trap off, Decimal("garbage") is NaN instead of an error.
+    if value.is_nan() and "nan" not in text.lower():
+        raise _Corrupt("malformed Decimal payload")
+    return value
+
+
+_LEAVES: Final[dict[int, Callable[[bytes], Any]]] = {
+    EXT_BIGINT: _dec_bigint,
+    EXT_DATE: _dec_date,
+    EXT_TIMEDELTA: _dec_timedelta,
+    EXT_ZONEINFO: _dec_zoneinfo,
+    EXT_UUID: _dec_uuid,
+    EXT_DECIMAL: _dec_decimal,
+}
+
+
+def _dec_tuple(items: list[Any]) -> tuple[Any, ...]:
+    return tuple(items[1:])
+
+
+def _dec_set(items: list[Any]) -> set[Any]:
+    return set(items[1:])
+
+
+def _dec_frozenset(items: list[Any]) -> frozenset[Any]:
+    return frozenset(items[1:])
+
+
+def _dec_datetime(items: list[Any]) -> dt.datetime:
+    _, year, month, day, hour, minute, second, us, fold, tz = items
+    return dt.datetime(year, month, day, hour, minute, second, us, tzinfo=tz, fold=fold)
+
+
+def _dec_time(items: list[Any]) -> dt.time:
+    _, hour, minute, second, us, fold, tz = items
+    return dt.time(hour, minute, second, us, tzinfo=tz, fold=fold)
+
+
+def _dec_timezone(items: list[Any]) -> dt.timezone:
+    _, offset, name = items
+    if type(offset) is not int:
+        raise _Corrupt("malformed timezone")
+    delta = dt.timedelta(microseconds=offset)
+    return dt.timezone(delta) if name is None else dt.timezone(delta, name)
+
+
+# -- registered-class codecs -------------------------------------------------------------------
+
+
+def _short(value: Any) -> str:
+    return reprlib.repr(value)  # names in error messages come from untrusted bytes: bound them
+
+
+def _for_channel(channel: str | None) -> str:
+    return f" for channel {channel!r}" if channel else ""
+
+
+def _enum_value(member: enum.Enum) -> Any:
+    return member.value
+
+
+def _root_value(model: pydantic.RootModel[Any]) -> Any:
+    return model.root
+
+
+def _model_fields(names: tuple[str, ...], model: pydantic.BaseModel) -> dict[str, Any]:
+    # Field values as they are (not model_dump()), so nested values keep their own types and
+    # go through the same encoder.
+    values = model.__dict__
+    data = {name: values[name] for name in names}
+    extra = model.__pydantic_extra__
+    if extra:
+        data.update(extra)
+    return data
+
+
+def _model_validate(cls: type[pydantic.BaseModel], data: Any) -> pydantic.BaseModel:
+    # Decoded field values already have their Python types, so validation keeps them. Match
+    # by field name: the data was written by name, whatever aliases the model declares.
+    return cls.model_validate(data, by_alias=False, by_name=True)
+
+
+def _dataclass_fields(names: tuple[str, ...], obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in names}
+
+
+def _dataclass_build(cls: type, init: frozenset[str], after: frozenset[str], data: Any) -> Any:
+    if type(data) is not dict:
+        raise _Corrupt(f"malformed {_type_name(cls)} payload")
+    # Stored fields the class no longer has are dropped (as pydantic's extra="ignore" does);
+    # missing required fields make cls() fail, which loads() reports.
+    obj = cls(**{k: v for k, v in data.items() if k in init})
+    for k, v in data.items():
+        if k in after:
+            object.__setattr__(obj, k, v)  # init=False fields; works on frozen dataclasses too
+    return obj
+
+
+def _namedtuple_build(cls: type, data: Any) -> Any:
+    if type(data) is not list:
+        raise _Corrupt(f"malformed {_type_name(cls)} payload")
+    return cls(*data)
+
+
+def default_serializer() -> Serializer:
+    """Return a new Serializer that knows only the built-in types.
+
+    Returns:
+        A fresh :class:`Serializer`; register state schema types on it before use.
+    """
+    return Serializer()

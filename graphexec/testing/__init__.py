@@ -1,0 +1,28 @@
+"""Test support for graphexec backends: the contract suites and their helpers.
+
+Every checkpoint backend's test module subclasses :class:`CheckpointerContract` and overrides
+its ``checkpointer`` fixture; see :mod:`graphexec.testing.contracts`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# Plain ``assert``s in the suites should report values the way assertions in test files do.
+pytest.register_assert_rewrite("graphexec.testing.contracts")
+
+from graphexec.testing.contracts import (  # noqa: E402 - must follow register_assert_rewrite
+    CheckpointerContract,
+    assert_eventually,
+    make_checkpoint,
+    put_chain,
+)
+
+__all__ = [
+    # contract suites
+    "CheckpointerContract",
+    # helpers
+    "assert_eventually",
+    "make_checkpoint",
+    "put_chain",
+]
