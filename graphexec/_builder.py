@@ -59,7 +59,7 @@ class NodeSpec:
 
     name: str
     fn: Callable[..., Any] | None
-    subgraph: CompiledGraph | None
+    subgraph: CompiledGraph[Any] | None
     is_async: bool
     takes_ctx: bool
     retry: RetryPolicy | None
@@ -124,7 +124,7 @@ class StateGraph(Generic[StateT]):
     def add_node(
         self,
         name: str,
-        fn: Callable[..., Any] | CompiledGraph | None = None,
+        fn: Callable[..., Any] | CompiledGraph[Any] | None = None,
         *,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
@@ -419,7 +419,7 @@ class StateGraph(Generic[StateT]):
         memory: Any = None,
         name: str | None = None,
         recursion_limit: int = 25,
-    ) -> CompiledGraph:
+    ) -> CompiledGraph[StateT]:
         """Validate the graph and return a runnable :class:`~graphexec.CompiledGraph`.
 
         Args:

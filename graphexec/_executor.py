@@ -177,7 +177,7 @@ class Run:
 
     def __init__(
         self,
-        graph: CompiledGraph,
+        graph: CompiledGraph[Any],
         *,
         thread_id: str | None,
         checkpoint_ns: str = "",

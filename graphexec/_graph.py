@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import networkx as nx
 
@@ -47,6 +47,7 @@ _DURABILITIES = ("sync", "async", "exit")
 _MODES = ("values", "updates", "events", "custom")
 _RUN_FAILURES = (NodeExecutionError, NodeTimeoutError, InvalidUpdateError, RecursionLimitError)
 _DONE = object()
+StateT = TypeVar("StateT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class BranchInfo:
     is_head: bool
 
 
-class CompiledGraph:
+class CompiledGraph(Generic[StateT]):
     """A validated graph, ready to run. Create it with :meth:`StateGraph.compile`.
 
     Every operation is async (``ainvoke``, ``aget_state`` ...) with a sync twin of the same name
