@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from graphexec._checkpoint import (
     SnapshotPolicy,
     ThreadInfo,
 )
+from graphexec._serde import default_serializer
 from graphexec.errors import (
     CheckpointConflictError,
     CheckpointError,
@@ -29,13 +29,21 @@ __all__ = ["InMemoryCheckpointer"]
 _Key = tuple[str, str]
 
 
+_metadata_serde = default_serializer()
+
+
 def _copy(cp: Checkpoint) -> Checkpoint:
-    """A copy sharing nothing mutable with ``cp`` (blobs are immutable bytes)."""
+    """A copy sharing nothing mutable with ``cp`` (blobs are immutable bytes).
+
+    Metadata is copied through the serializer, which is faster than ``deepcopy`` and refuses
+    values a durable backend could not store either.
+    """
+    meta = _metadata_serde.loads(_metadata_serde.dumps(dict(cp.metadata), channel="__metadata__"))
     return replace(
         cp,
         deltas=dict(cp.deltas),
         snapshot=None if cp.snapshot is None else dict(cp.snapshot),
-        metadata=copy.deepcopy(dict(cp.metadata)),
+        metadata=meta,
     )
 
 
