@@ -25,23 +25,46 @@ StateT = TypeVar("StateT")
 _RESERVED_CHARS = ("|", ":")
 
 
-def _accepts_ctx(fn: Callable[..., Any], what: str) -> bool:
+def _required_positional(fn: Callable[..., Any], what: str, node: str) -> int:
+    """How many positional parameters ``fn`` requires (``*args`` counts as unlimited)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise GraphBuildError(
+            f"{what}: cannot inspect the signature of {fn!r}: {e}", node=node
+        ) from e
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 1
+    return sum(
+        1
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    )
+
+
+def _accepts_ctx(fn: Callable[..., Any], what: str, node: str) -> bool:
     """Whether ``fn`` takes ``(state, ctx)`` rather than ``(state)``."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as e:
-        raise GraphBuildError(f"{what}: cannot inspect the signature of {fn!r}: {e}") from e
+        raise GraphBuildError(
+            f"{what}: cannot inspect the signature of {fn!r}: {e}", node=node
+        ) from e
     positional = [
         p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     if any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
         return True
     if not positional:
-        raise GraphBuildError(f"{what}: {fn!r} must take the state as its first parameter")
+        raise GraphBuildError(
+            f"{what}: {fn!r} must take the state as its first parameter", node=node
+        )
     if len(positional) > 2 and all(p.default is p.empty for p in positional[2:]):
         raise GraphBuildError(
             f"{what}: {fn!r} takes {len(positional)} required parameters; "
-            "a node takes (state) or (state, ctx)"
+            "a node takes (state) or (state, ctx)",
+            node=node,
         )
     return len(positional) >= 2
 
@@ -180,7 +203,7 @@ class StateGraph(Generic[StateT]):
                 fn,
                 None,
                 _is_async(fn),
-                _accepts_ctx(fn, f"node {name!r}"),
+                _accepts_ctx(fn, f"node {name!r}", name),
                 retry,
                 timeout,
                 tuple(destinations),
@@ -254,9 +277,11 @@ class StateGraph(Generic[StateT]):
             raise GraphBuildError("END cannot have outgoing conditional edges")
         if not callable(path):
             raise GraphBuildError(f"conditional edge from {source!r}: path must be callable")
-        if _accepts_ctx(path, f"conditional edge from {source!r}"):
+        if _required_positional(path, f"conditional edge from {source!r}", source) != 1:
             raise GraphBuildError(
-                f"conditional edge from {source!r}: the path function takes (state) only"
+                f"conditional edge from {source!r}: the path function must take exactly one "
+                "required parameter, the state",
+                node=source,
             )
         mapping: dict[Hashable, str] | None
         if path_map is None:
@@ -398,7 +423,7 @@ class StateGraph(Generic[StateT]):
         parts = [f"schema={self._schema.fingerprint()}"]
         for name, spec in self._nodes.items():
             sub = spec.subgraph.version if spec.subgraph is not None else ""
-            parts.append(f"node={name}:{sub}")
+            parts.append(f"node={name}:{sub}:{','.join(spec.destinations)}")
         parts += [f"edge={a}->{b}" for a, b in sorted(self._edges)]
         parts += [f"join={','.join(s)}->{t}" for s, t in sorted(self._joins)]
         for br in self._branches:

@@ -307,8 +307,10 @@ class Run:
             pending = {}
             failed = [o for o in outcomes if o.error is not None]
             if failed:
-                await self._save_unsaved(outcomes)
+                # Keep what finished: in exit durability the state so far is written first, so
+                # the finished tasks' writes have a checkpoint to attach to.
                 await self._flush_exit()
+                await self._save_unsaved(outcomes, force=True)
                 await self.committer.flush()
                 raise failed[0].error  # type: ignore[misc]
             executed.append([t.node for t in tasks])
@@ -381,8 +383,8 @@ class Run:
                     raise r
         return [outcomes[t.task_id] for t in tasks]
 
-    async def _save(self, outcome: Outcome) -> None:
-        if self.cp is None or self.durability == "exit" or outcome.saved:
+    async def _save(self, outcome: Outcome, *, force: bool = False) -> None:
+        if self.cp is None or outcome.saved or (self.durability == "exit" and not force):
             return
         outcome.saved = True
         pairs = [[ch, blob] for ch, _, blob in outcome.writes]
@@ -397,10 +399,10 @@ class Run:
             lambda: cp.put_writes(thread_id, ns, cid, task_id, writes, lease=lease)
         )
 
-    async def _save_unsaved(self, outcomes: Sequence[Outcome]) -> None:
+    async def _save_unsaved(self, outcomes: Sequence[Outcome], *, force: bool = False) -> None:
         for o in outcomes:
             if o.error is None:
-                await self._save(o)
+                await self._save(o, force=force)
 
     async def _save_attempt(self, task: Task, attempt: int) -> None:
         if self.cp is None or self.durability == "exit" or self.head is None:

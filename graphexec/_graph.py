@@ -347,9 +347,32 @@ class CompiledGraph(Generic[StateT]):
             emitter=Emitter(frozenset(), None),
         )
 
-    def run(self, input: Any, **kwargs: Any) -> RunResult:
+    def run(
+        self,
+        input: Any,
+        *,
+        thread_id: str | None = None,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        durability: Durability = "sync",
+        recursion_limit: int | None = None,
+        on_busy: Literal["raise", "wait"] = "raise",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> RunResult:
         """Sync twin of :meth:`arun`."""
-        return run_sync(self.arun(input, **kwargs), what="run")
+        return run_sync(
+            self.arun(
+                input,
+                thread_id=thread_id,
+                checkpoint_id=checkpoint_id,
+                config=config,
+                durability=durability,
+                recursion_limit=recursion_limit,
+                on_busy=on_busy,
+                metadata=metadata,
+            ),
+            what="run",
+        )
 
     async def ainvoke(
         self,
@@ -387,9 +410,32 @@ class CompiledGraph(Generic[StateT]):
             raise result.error
         return result.values
 
-    def invoke(self, input: Any, **kwargs: Any) -> dict[str, Any]:
+    def invoke(
+        self,
+        input: Any,
+        *,
+        thread_id: str | None = None,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        durability: Durability = "sync",
+        recursion_limit: int | None = None,
+        on_busy: Literal["raise", "wait"] = "raise",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Sync twin of :meth:`ainvoke`."""
-        return run_sync(self.ainvoke(input, **kwargs), what="invoke")
+        return run_sync(
+            self.ainvoke(
+                input,
+                thread_id=thread_id,
+                checkpoint_id=checkpoint_id,
+                config=config,
+                durability=durability,
+                recursion_limit=recursion_limit,
+                on_busy=on_busy,
+                metadata=metadata,
+            ),
+            what="invoke",
+        )
 
     async def astream(
         self,
@@ -451,9 +497,34 @@ class CompiledGraph(Generic[StateT]):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    def stream(self, input: Any, **kwargs: Any) -> Iterator[Any]:
+    def stream(
+        self,
+        input: Any,
+        *,
+        mode: StreamMode | Sequence[StreamMode] = "values",
+        thread_id: str | None = None,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        durability: Durability = "sync",
+        recursion_limit: int | None = None,
+        on_busy: Literal["raise", "wait"] = "raise",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Iterator[Any]:
         """Sync twin of :meth:`astream`."""
-        return iterate_sync(self.astream(input, **kwargs), what="stream")
+        return iterate_sync(
+            self.astream(
+                input,
+                mode=mode,
+                thread_id=thread_id,
+                checkpoint_id=checkpoint_id,
+                config=config,
+                durability=durability,
+                recursion_limit=recursion_limit,
+                on_busy=on_busy,
+                metadata=metadata,
+            ),
+            what="stream",
+        )
 
     # -- reading state ----------------------------------------------------------------------
 
@@ -485,9 +556,18 @@ class CompiledGraph(Generic[StateT]):
             return None
         return self._snapshot(tup.checkpoint, self.materialize(tup))
 
-    def get_state(self, thread_id: str | None = None, **kwargs: Any) -> StateSnapshot | None:
+    def get_state(
+        self,
+        thread_id: str | None = None,
+        *,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> StateSnapshot | None:
         """Sync twin of :meth:`aget_state`."""
-        return run_sync(self.aget_state(thread_id, **kwargs), what="get_state")
+        return run_sync(
+            self.aget_state(thread_id, checkpoint_id=checkpoint_id, config=config),
+            what="get_state",
+        )
 
     async def aget_state_history(
         self,
@@ -527,9 +607,19 @@ class CompiledGraph(Generic[StateT]):
         out.reverse()
         return out
 
-    def get_state_history(self, thread_id: str | None = None, **kwargs: Any) -> list[StateSnapshot]:
+    def get_state_history(
+        self,
+        thread_id: str | None = None,
+        *,
+        limit: int | None = None,
+        before: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> list[StateSnapshot]:
         """Sync twin of :meth:`aget_state_history`."""
-        return run_sync(self.aget_state_history(thread_id, **kwargs), what="get_state_history")
+        return run_sync(
+            self.aget_state_history(thread_id, limit=limit, before=before, config=config),
+            what="get_state_history",
+        )
 
     # -- time travel ------------------------------------------------------------------------
 
@@ -593,9 +683,22 @@ class CompiledGraph(Generic[StateT]):
         assert run.head is not None
         return run.head
 
-    def update_state(self, thread_id: str | None, values: Any, **kwargs: Any) -> str:
+    def update_state(
+        self,
+        thread_id: str | None,
+        values: Any,
+        *,
+        as_node: str | None = None,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> str:
         """Sync twin of :meth:`aupdate_state`."""
-        return run_sync(self.aupdate_state(thread_id, values, **kwargs), what="update_state")
+        return run_sync(
+            self.aupdate_state(
+                thread_id, values, as_node=as_node, checkpoint_id=checkpoint_id, config=config
+            ),
+            what="update_state",
+        )
 
     async def afork(self, thread_id: str, checkpoint_id: str, new_thread_id: str) -> str:
         """Start ``new_thread_id`` from ``thread_id``'s checkpoint; the source is untouched.
@@ -690,13 +793,15 @@ class CompiledGraph(Generic[StateT]):
 
     # -- introspection ----------------------------------------------------------------------
 
-    def to_networkx(self) -> nx.DiGraph[str]:
-        """The graph as a networkx ``DiGraph``.
+    def to_networkx(self) -> nx.MultiDiGraph[str]:
+        """The graph as a networkx ``MultiDiGraph`` (one edge per declared connection).
 
         Edges carry a ``kind`` attribute: ``edge``, ``join``, ``conditional`` or
-        ``destination``; conditional edges also carry the routing ``label``.
+        ``destination``; conditional edges also carry the routing ``label``. Several routing
+        keys leading to the same node, or a static edge beside a conditional one, are separate
+        edges.
         """
-        g: nx.DiGraph[str] = nx.DiGraph(name=self.name)
+        g: nx.MultiDiGraph[str] = nx.MultiDiGraph(name=self.name)
         g.add_node(START)
         for name, node in self.spec.nodes.items():
             g.add_node(name, subgraph=node.subgraph is not None)

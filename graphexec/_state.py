@@ -50,12 +50,19 @@ class ChannelSpec:
     adapter: pydantic.TypeAdapter[Any] | None
     container: type | None
 
-    def check_value(self, node: str, value: Any) -> None:
-        """Raise :class:`InvalidUpdateError` if ``value`` does not fit the declared type."""
+    def check_value(self, node: str, value: Any) -> Any:
+        """The value as validated against the declared type.
+
+        Validation is strict (no ``"5"`` for an int), but a dict written to a model-typed key
+        becomes the model, so the next node sees the declared type.
+
+        Raises:
+            InvalidUpdateError: if ``value`` does not fit the declared type.
+        """
         if self.adapter is None:
-            return
+            return value
         try:
-            self.adapter.validate_python(value, strict=True)
+            return self.adapter.validate_python(value, strict=True)
         except pydantic.ValidationError as e:
             first = e.errors()[0]
             raise InvalidUpdateError(
@@ -197,9 +204,15 @@ class StateSchema:
         return {name: spec.default() for name, spec in self.channels.items() if spec.default}
 
     def to_node_input(self, values: Mapping[str, Any]) -> Any:
-        """The state as a node receives it: a dict, a model instance or a dataclass instance."""
+        """The state as a node receives it: a dict, a model instance or a dataclass instance.
+
+        Top-level lists, dicts and sets are shallow copies, so a node that mutates them in place
+        (instead of returning an update) cannot change the run's state behind the checkpoint's
+        back. Nested objects are shared: treat the state as read-only and return updates.
+        """
+        values = {k: _detach(v) for k, v in values.items()}
         if self.kind == "typeddict":
-            return dict(values)
+            return values
         if self.kind == "pydantic":
             return self.schema.model_construct(**values)
         obj = object.__new__(self.schema)
@@ -244,11 +257,19 @@ class StateSchema:
                     key=str(key),
                 )
             if spec.reducer is None:
-                spec.check_value(node, value)
-            else:
-                prepare = getattr(spec.reducer, "prepare", None)
-                if prepare is not None:
+                items[key] = spec.check_value(node, value)
+                continue
+            prepare = getattr(spec.reducer, "prepare", None)
+            if prepare is not None:
+                try:
                     items[key] = prepare(value)
+                except Exception as e:
+                    raise InvalidUpdateError(
+                        f"node {node!r}: update {_short(value)} for state key {key!r} was "
+                        f"refused by its reducer: {e}",
+                        node=node,
+                        key=str(key),
+                    ) from e
         return items
 
     def fingerprint(self) -> str:
@@ -258,6 +279,17 @@ class StateSchema:
             reducer = "" if spec.reducer is None else _callable_name(spec.reducer)
             parts.append(f"{name}:{_type_name(spec.annotation)}:{reducer}")
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _detach(value: Any) -> Any:
+    cls = type(value)
+    if cls is list:
+        return list(value)
+    if cls is dict:
+        return dict(value)
+    if cls is set:
+        return set(value)
+    return value
 
 
 def pydantic_core_undefined() -> Any:
@@ -376,7 +408,7 @@ class _AddMessages:
         return merged
 
 
-add_messages: Callable[[Sequence[Any] | None, Any], list[Any]] = _AddMessages()
+add_messages: _AddMessages = _AddMessages()
 """Reducer for chat messages: appends new messages, replaces one with the same ``id``.
 
 Use as ``messages: Annotated[list[dict], add_messages]``. Messages are dicts (``role``,

@@ -23,6 +23,7 @@ __all__ = [
     "GraphExecError",
     "GraphInterrupt",
     "GraphVersionError",
+    "InvalidResumeError",
     "InvalidUpdateError",
     "LeaseLostError",
     "MemoryStoreError",
@@ -33,6 +34,7 @@ __all__ = [
     "SerializationError",
     "StorageError",
     "ThreadBusyError",
+    "ThreadInterruptedError",
     "ThreadNotFoundError",
 ]
 
@@ -213,6 +215,41 @@ class GraphVersionError(CheckpointError):
         self.missing_nodes = tuple(missing_nodes)
 
 
+class InvalidResumeError(GraphExecError):
+    """A resume does not match the thread's pending interrupts.
+
+    Raised for unknown, stale or already-answered interruption ids, for an ambiguous
+    ``Command(resume=value)`` while several interrupts are pending, for a resume of a thread with
+    nothing pending (finished or never interrupted), and for a ``RunState`` that belongs to another
+    graph, another thread, or a checkpoint that is no longer the head.
+
+    Attributes:
+        thread_id: The thread.
+        pending: Ids of the interrupts that are pending (what a correct resume would answer).
+    """
+
+    def __init__(self, message: str, *, thread_id: str | None, pending: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.pending = tuple(pending)
+
+
+class ThreadInterruptedError(GraphExecError):
+    """New input was sent to a thread that is waiting on an interrupt.
+
+    Answer the pending interrupts with ``Command(resume=...)`` (or ``RunState``) first.
+
+    Attributes:
+        thread_id: The thread.
+        pending: Ids of the pending interrupts.
+    """
+
+    def __init__(self, message: str, *, thread_id: str, pending: Sequence[str]) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.pending = tuple(pending)
+
+
 class SerializationError(GraphExecError, TypeError):
     """A value cannot be encoded by the closed type registry.
 
@@ -258,6 +295,6 @@ class GraphInterrupt(BaseException):
     swallow it. Users never catch it: ``run()`` returns the pending interrupts as data.
     """
 
-    def __init__(self, payloads: Sequence[Any]) -> None:
-        super().__init__(payloads)
-        self.payloads = tuple(payloads)
+    def __init__(self, interruptions: Sequence[Any]) -> None:
+        super().__init__(interruptions)
+        self.interruptions = tuple(interruptions)
