@@ -113,7 +113,7 @@ def main() -> None:
     print(f"  fork:   version={forked['version']}, notes: {forked['notes']}")
     print(f"  source: still {source.values['text']!r} at step {source.step}")
 
-    # prune also keeps, below the last 3, whatever checkpoints they are stored as deltas of.
+    # the oldest kept checkpoint gets a full snapshot, so exactly 3 remain, all readable.
     deleted = graph.prune(t, keep_last=3)
     print(f"prune(keep_last=3) deleted {deleted} checkpoints of {t}:")
     remaining = len(graph.get_state_history(t))

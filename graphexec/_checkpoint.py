@@ -313,12 +313,29 @@ class BaseCheckpointer(ABC):
         """Every thread with a root-namespace head, most recently updated first."""
         raise NotSupportedError(f"{type(self).__name__} does not support list_threads()")
 
-    async def prune(self, thread_id: str, *, keep_last: int) -> int:
+    async def prune(
+        self,
+        thread_id: str,
+        *,
+        keep_last: int,
+        rebase: tuple[str, Mapping[str, bytes]] | None = None,
+    ) -> int:
         """Keep the last ``keep_last`` checkpoints of the current branch; delete the rest.
 
         Checkpoints older than those are kept only as far back as the retained ones need to be
         read (back to the nearest snapshot), so pruning never leaves a retained checkpoint
-        unreadable. Other branches are deleted. Returns how many checkpoints were deleted.
+        unreadable. Other branches are deleted. Applies to every namespace of the thread.
+
+        Args:
+            thread_id: The thread.
+            keep_last: How many checkpoints of the current branch to keep (>= 1).
+            rebase: ``(checkpoint_id, snapshot)``: a full snapshot for a root-namespace
+                checkpoint (normally the oldest one retained), stored on it in the same
+                transaction before retention is computed, so that nothing older has to be kept.
+                Ignored if that checkpoint does not exist or already has a snapshot.
+
+        Returns:
+            How many checkpoints were deleted.
         """
         raise NotSupportedError(f"{type(self).__name__} does not support prune()")
 

@@ -783,9 +783,28 @@ class CompiledGraph(Generic[StateT]):
         run_sync(self.adelete_thread(thread_id), what="delete_thread")
 
     async def aprune(self, thread_id: str, *, keep_last: int) -> int:
-        """Keep the last ``keep_last`` checkpoints (see :meth:`BaseCheckpointer.prune`)."""
+        """Keep exactly the last ``keep_last`` checkpoints of the thread's current branch.
+
+        Checkpoints store deltas, so the oldest retained checkpoint is first given a full
+        snapshot (materialised here, where the reducers are known); then everything older and
+        every other branch is deleted. Every retained checkpoint stays readable.
+
+        Returns:
+            How many checkpoints were deleted.
+        """
         self._thread(thread_id, None, None, required=True)
-        return await self._store().prune(thread_id, keep_last=keep_last)
+        if keep_last < 1:
+            raise GraphExecError(f"prune(keep_last={keep_last}): keep at least 1 checkpoint")
+        store = self._store()
+        kept = list(await store.list(thread_id, "", limit=keep_last))
+        rebase: tuple[str, dict[str, bytes]] | None = None
+        if kept and kept[-1].snapshot is None:
+            tup = await store.get(thread_id, "", kept[-1].checkpoint_id)
+            if tup is not None:
+                values = self.materialize(tup)
+                snapshot = {ch: self.serde.dumps(v, channel=ch) for ch, v in values.items()}
+                rebase = (kept[-1].checkpoint_id, snapshot)
+        return await store.prune(thread_id, keep_last=keep_last, rebase=rebase)
 
     def prune(self, thread_id: str, *, keep_last: int) -> int:
         """Sync twin of :meth:`aprune`."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from graphexec._checkpoint import (
@@ -256,12 +256,30 @@ class InMemoryCheckpointer(BaseCheckpointer):
                 del self._writes[wkey]
             self._leases.pop(thread_id, None)
 
-    async def prune(self, thread_id: str, *, keep_last: int) -> int:
+    async def prune(
+        self,
+        thread_id: str,
+        *,
+        keep_last: int,
+        rebase: tuple[str, Mapping[str, bytes]] | None = None,
+    ) -> int:
         """See :meth:`BaseCheckpointer.prune`."""
         if keep_last < 1:
             raise ValueError(f"prune(keep_last={keep_last}): keep at least 1 checkpoint")
         deleted = 0
         with self._lock:
+            if rebase is not None:
+                root = self._checkpoints.get((thread_id, ""), {})
+                target = root.get(rebase[0])
+                if target is not None and target.snapshot is None:
+                    snapshot = dict(rebase[1])
+                    root[rebase[0]] = replace(
+                        target,
+                        snapshot=snapshot,
+                        delta_depth=0,
+                        delta_bytes=0,
+                        snapshot_bytes=sum(len(b) for b in snapshot.values()),
+                    )
             for key in [k for k in self._checkpoints if k[0] == thread_id]:
                 by_id = self._checkpoints[key]
                 keep: set[str] = set()

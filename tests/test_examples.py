@@ -49,6 +49,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "fork:   version=5",
         "source: still 'Refunds within 30 days.' at step 3",
         "prune(keep_last=3) deleted",
+        "3 remain on the current branch",
     ),
 }
 

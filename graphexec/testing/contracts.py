@@ -928,6 +928,25 @@ class CheckpointerContract:
             else:
                 assert await checkpointer.get("t", "", cp.checkpoint_id) is None
 
+    async def test_prune_with_rebase_keeps_exactly_n(self, checkpointer: BaseCheckpointer) -> None:
+        """A rebase snapshot on the oldest retained checkpoint frees everything older."""
+        cps = await put_chain(checkpointer, "t", 6)
+        oldest_kept = cps[3]
+        snapshot = {"count": b"\x03", "log": b"\x93\xa1a\xa1b\xa1c"}
+        deleted = await checkpointer.prune(
+            "t", keep_last=3, rebase=(oldest_kept.checkpoint_id, snapshot)
+        )
+        assert deleted == 3
+        assert [cp.step for cp in await checkpointer.list("t")] == [5, 4, 3]
+        got = await checkpointer.get("t", "", oldest_kept.checkpoint_id)
+        assert got is not None and got.chain == ()
+        assert dict(got.checkpoint.snapshot or {}) == snapshot
+        head = await checkpointer.get("t")
+        assert head is not None
+        assert [c.checkpoint_id for c in head.chain] == _ids(cps[3:5])
+        # a rebase naming a checkpoint that does not exist changes nothing but retention
+        assert await checkpointer.prune("t", keep_last=3, rebase=("missing", snapshot)) == 0
+
     async def test_prune_deletes_other_branches(self, checkpointer: BaseCheckpointer) -> None:
         """Prune deletes checkpoints off the current branch."""
         cps = await put_chain(checkpointer, "t", 5)
