@@ -21,6 +21,7 @@ from graphexec._checkpoint import (
 )
 from graphexec._context import NodeContext
 from graphexec._graph import BranchInfo, CompiledGraph
+from graphexec._hitl import RunState, interrupt
 from graphexec._inmemory import InMemoryCheckpointer
 from graphexec._serde import Serializer
 from graphexec._state import REMOVE_ALL_MESSAGES, RemoveMessage, add_messages
@@ -36,6 +37,7 @@ from graphexec._types import (
     Send,
     StateSnapshot,
     StreamMode,
+    TaskInfo,
 )
 from graphexec.errors import (
     CheckpointConflictError,
@@ -45,6 +47,7 @@ from graphexec.errors import (
     GraphBuildError,
     GraphExecError,
     GraphVersionError,
+    InvalidResumeError,
     InvalidUpdateError,
     LeaseLostError,
     MemoryStoreError,
@@ -55,6 +58,7 @@ from graphexec.errors import (
     SerializationError,
     StorageError,
     ThreadBusyError,
+    ThreadInterruptedError,
     ThreadNotFoundError,
 )
 
@@ -78,11 +82,15 @@ __all__ = [
     "StreamMode",
     "RunResult",
     "RunStatus",
+    # human in the loop
+    "interrupt",
     "Interruption",
+    "RunState",
     # state and time travel
     "StateSnapshot",
     "BranchInfo",
     "ThreadInfo",
+    "TaskInfo",
     # checkpointer contract
     "BaseCheckpointer",
     "InMemoryCheckpointer",
@@ -98,6 +106,8 @@ __all__ = [
     "GraphExecError",
     "GraphBuildError",
     "InvalidUpdateError",
+    "InvalidResumeError",
+    "ThreadInterruptedError",
     "NodeExecutionError",
     "NodeTimeoutError",
     "RecursionLimitError",

@@ -89,6 +89,9 @@ class NodeSpec:
     timeout: float | None
     destinations: tuple[str, ...]
     metadata: Mapping[str, Any]
+    needs_approval: bool | Callable[[Any], Any] = False
+    on_reject: str | None = None
+    preview: Callable[[Any], Any] | tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,9 @@ class StateGraph(Generic[StateT]):
         timeout: float | None = None,
         destinations: Sequence[str] = (),
         metadata: Mapping[str, Any] | None = None,
+        needs_approval: bool | Callable[[Any], Any] = False,
+        on_reject: str | None = None,
+        preview: Callable[[Any], Any] | Sequence[str] | None = None,
     ) -> StateGraph[StateT]:
         """Add a node.
 
@@ -168,6 +174,14 @@ class StateGraph(Generic[StateT]):
             destinations: Nodes this node may route to with ``Command(goto=...)``, declared so
                 that ``compile()`` can check reachability and draw the edges.
             metadata: Free-form metadata recorded with the node.
+            needs_approval: ``True``, or a predicate ``(state) -> bool`` (sync or async): before
+                the node runs, the run pauses with an ``Interruption(kind="approval")`` until a
+                human approves (optionally with edits) or rejects.
+            on_reject: Where a rejected run goes: a node name, ``END`` (this branch stops, the
+                run goes on), or ``None`` (the default: the run ends with status
+                ``"rejected"``).
+            preview: What the approver sees: a callable ``(state) -> value``, or state keys to
+                show. Default: the whole state (or the ``Send`` argument).
 
         Returns:
             The builder, for chaining.
@@ -183,6 +197,16 @@ class StateGraph(Generic[StateT]):
             raise GraphBuildError(f"node {name!r}: pass the function to run", node=name)
         if timeout is not None and timeout <= 0:
             raise GraphBuildError(f"node {name!r}: timeout must be > 0 (got {timeout})", node=name)
+        if on_reject is not None and needs_approval is False:
+            raise GraphBuildError(
+                f"node {name!r}: on_reject= only applies with needs_approval=", node=name
+            )
+        if not (isinstance(needs_approval, bool) or callable(needs_approval)):
+            raise GraphBuildError(
+                f"node {name!r}: needs_approval must be True/False or a predicate(state)",
+                node=name,
+            )
+        shown = preview if preview is None or callable(preview) else tuple(preview)
         from graphexec._graph import CompiledGraph
 
         if isinstance(fn, CompiledGraph):
@@ -196,6 +220,9 @@ class StateGraph(Generic[StateT]):
                 timeout,
                 tuple(destinations),
                 dict(metadata or {}),
+                needs_approval,
+                on_reject,
+                shown,
             )
         elif callable(fn):
             spec = NodeSpec(
@@ -208,6 +235,9 @@ class StateGraph(Generic[StateT]):
                 timeout,
                 tuple(destinations),
                 dict(metadata or {}),
+                needs_approval,
+                on_reject,
+                shown,
             )
         else:
             raise GraphBuildError(
@@ -368,6 +398,11 @@ class StateGraph(Generic[StateT]):
             for d in spec.destinations:
                 if d != END:
                     check(d, f"destinations of node {spec.name!r}", (spec.name, d))
+            if spec.on_reject not in (None, END):
+                assert spec.on_reject is not None
+                check(
+                    spec.on_reject, f"on_reject of node {spec.name!r}", (spec.name, spec.on_reject)
+                )
         g = self._analysis_graph()
         if not any(True for _ in g.successors(START)):
             raise GraphBuildError(
@@ -417,13 +452,16 @@ class StateGraph(Generic[StateT]):
             g.add_edges_from((br.source, t) for t in targets)
         for spec in self._nodes.values():
             g.add_edges_from((spec.name, d) for d in spec.destinations)
+            if spec.on_reject is not None:
+                g.add_edge(spec.name, spec.on_reject)
         return g
 
     def _fingerprint(self) -> str:
         parts = [f"schema={self._schema.fingerprint()}"]
         for name, spec in self._nodes.items():
             sub = spec.subgraph.version if spec.subgraph is not None else ""
-            parts.append(f"node={name}:{sub}:{','.join(spec.destinations)}")
+            approval = "" if spec.needs_approval is False else f"approval->{spec.on_reject}"
+            parts.append(f"node={name}:{sub}:{','.join(spec.destinations)}:{approval}")
         parts += [f"edge={a}->{b}" for a, b in sorted(self._edges)]
         parts += [f"join={','.join(s)}->{t}" for s, t in sorted(self._joins)]
         for br in self._branches:
@@ -444,6 +482,8 @@ class StateGraph(Generic[StateT]):
         memory: Any = None,
         name: str | None = None,
         recursion_limit: int = 25,
+        interrupt_before: Sequence[str] = (),
+        interrupt_after: Sequence[str] = (),
     ) -> CompiledGraph[StateT]:
         """Validate the graph and return a runnable :class:`~graphexec.CompiledGraph`.
 
@@ -454,6 +494,9 @@ class StateGraph(Generic[StateT]):
                 ``ctx.memory``.
             name: A name for the graph (shown in drawings and worker registries).
             recursion_limit: Default maximum supersteps per run.
+            interrupt_before: Static breakpoints: pause before a step that would run one of
+                these nodes (``"*"`` for every node). Continue with ``invoke(None, ...)``.
+            interrupt_after: Pause after a step that ran one of these nodes.
 
         Raises:
             GraphBuildError: naming the node or edge at fault.
@@ -463,6 +506,15 @@ class StateGraph(Generic[StateT]):
         if recursion_limit < 1:
             raise GraphBuildError(f"recursion_limit must be >= 1 (got {recursion_limit})")
         spec = self._validate()
+        for option, names in (
+            ("interrupt_before", interrupt_before),
+            ("interrupt_after", interrupt_after),
+        ):
+            if isinstance(names, str):
+                raise GraphBuildError(f"{option} takes a list of node names, not a string")
+            for n in names:
+                if n != "*" and n not in spec.nodes:
+                    raise GraphBuildError(f"{option} names unknown node {n!r}", node=n)
         return CompiledGraph(
             spec,
             checkpointer=checkpointer,
@@ -470,4 +522,6 @@ class StateGraph(Generic[StateT]):
             name=name or "graph",
             recursion_limit=recursion_limit,
             analysis=self._analysis_graph(),
+            interrupt_before=frozenset(interrupt_before),
+            interrupt_after=frozenset(interrupt_after),
         )

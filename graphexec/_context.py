@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,32 @@ class NodeContext:
     idempotency_key: str
     memory: Any
     _writer: Callable[[Any], None] = field(repr=False)
+    _effect_async: Callable[[str, Callable[[], Any]], Awaitable[Any]] = field(repr=False)
+    _effect_sync: Callable[[str, Callable[[], Any]], Any] = field(repr=False)
 
     def stream_writer(self, payload: Any) -> None:
         """Emit ``payload`` to ``stream(..., mode="custom")`` consumers (no-op otherwise)."""
         self._writer(payload)
+
+    def effect(self, name: str, fn: Callable[[], Any]) -> Any:
+        """Run a side effect at most once for this task and return its (recorded) result.
+
+        The first time, ``fn()`` runs and its result is stored durably with the task before
+        ``effect`` returns. When the node runs again — after an interrupt is answered, a crash,
+        or a retry — the stored result is returned and ``fn`` is not called. Combine with
+        :attr:`idempotency_key` when the external system can deduplicate too.
+
+        In an async node, await it: ``await ctx.effect("charge", charge_card)`` (``fn`` may be
+        sync or async). In a sync node, call it: ``ctx.effect("charge", charge_card)``.
+
+        Args:
+            name: Unique within the node; identifies the effect across re-runs.
+            fn: Zero-argument callable performing the effect. Its result must be serializable.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError("ctx.effect(name, fn): name must be a non-empty string")
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._effect_sync(name, fn)
+        return self._effect_async(name, fn)

@@ -2,21 +2,19 @@
 
 A superstep runs every task of the frontier concurrently, then applies their writes in frontier
 order (so results never depend on timing), computes the next frontier from edges, routes and
-joins, and commits one checkpoint. Step logic lives here; storage I/O goes through the
-checkpointer and the small :class:`_Committer`, which implements the durability modes.
+joins, and commits one checkpoint. Tasks that finish while others still run save their writes
+at once, so after a crash only unfinished tasks run again. A step with an interrupted task is
+not committed: the finished tasks' writes and the interrupts are saved, and the run pauses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from graphexec._checkpoint import (
     BaseCheckpointer,
@@ -26,153 +24,42 @@ from graphexec._checkpoint import (
     Lease,
     new_checkpoint_id,
 )
-from graphexec._context import NodeContext
+from graphexec._hitl import Answer, interrupt_id
 from graphexec._state import _MISSING
-from graphexec._types import END, START, Command, Durability, Send
+from graphexec._taskrun import TaskRunner, decode_answers
+from graphexec._tasks import (
+    AFTER,
+    ATTEMPT,
+    EFFECT,
+    INTERRUPT,
+    RESUME,
+    ROUTE,
+    UPDATES,
+    Committer,
+    Emitter,
+    Frontier,
+    Outcome,
+    Task,
+    TaskRecord,
+    task_id_for,
+)
+from graphexec._types import END, START, Command, Durability, Interruption, Send
 from graphexec.errors import (
     CheckpointNotFoundError,
-    GraphExecError,
     GraphVersionError,
     InvalidUpdateError,
-    NodeExecutionError,
-    NodeTimeoutError,
     RecursionLimitError,
-    SerializationError,
     ThreadNotFoundError,
 )
 
 if TYPE_CHECKING:
-    from graphexec._builder import BranchSpec, NodeSpec
+    from graphexec._builder import NodeSpec
     from graphexec._graph import CompiledGraph
 
-__all__ = ["Emitter", "Run", "Task"]
-
-UPDATES = "__updates__"
-ROUTE = "__route__"
-ATTEMPT = "__attempt__"
+__all__ = ["Run", "resume_error"]
 
 
-@dataclass(frozen=True, slots=True)
-class Task:
-    """One node execution in a superstep."""
-
-    node: str
-    push: bool
-    index: int
-    arg: Any
-    task_id: str
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What a task produced: state writes (in order) and where to go next."""
-
-    task: Task
-    writes: list[tuple[str, Any, bytes | None]]
-    routes: list[str | Send]
-    error: BaseException | None = None
-    saved: bool = False
-
-
-@dataclass(slots=True)
-class Frontier:
-    """The tasks of the next superstep and the state of join barriers."""
-
-    tasks: list[Task] = field(default_factory=list)
-    barriers: dict[int, list[str]] = field(default_factory=dict)
-
-
-def task_id_for(ns: str, checkpoint_id: str, node: str, push: bool, index: int) -> str:
-    """Deterministic task id: the same task of the same checkpoint always gets the same id."""
-    raw = f"{ns}\x00{checkpoint_id}\x00{node}\x00{int(push)}\x00{index}".encode()
-    return hashlib.sha256(raw).hexdigest()[:32]
-
-
-class Emitter:
-    """Routes stream parts to a queue, for the modes a consumer asked for."""
-
-    def __init__(self, modes: frozenset[str], queue: asyncio.Queue[Any] | None) -> None:
-        self.modes = modes
-        self.queue = queue
-        self.loop = asyncio.get_running_loop() if queue is not None else None
-
-    def wants(self, mode: str) -> bool:
-        """Whether anyone listens to ``mode``."""
-        return mode in self.modes
-
-    def emit(self, mode: str, payload: Any) -> None:
-        """Queue a part (from the event loop's thread)."""
-        if self.queue is not None and mode in self.modes:
-            self.queue.put_nowait((mode, payload))
-
-    def emit_threadsafe(self, mode: str, payload: Any) -> None:
-        """Queue a part from any thread (sync nodes run in worker threads)."""
-        if self.queue is None or self.loop is None or mode not in self.modes:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.loop:
-            self.queue.put_nowait((mode, payload))
-        else:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (mode, payload))
-
-
-class _Committer:
-    """Applies the durability mode to storage calls.
-
-    ``sync`` awaits each call; ``async`` runs calls in order in one background task so the next
-    step overlaps the commit, and re-raises a failed commit at the next submit or flush.
-    """
-
-    def __init__(self, durability: Durability) -> None:
-        self.durability = durability
-        self._queue: asyncio.Queue[Callable[[], Any] | None] | None = None
-        self._worker: asyncio.Task[None] | None = None
-        self._error: BaseException | None = None
-
-    async def submit(self, call: Callable[[], Any]) -> None:
-        if self.durability != "async":
-            await call()
-            return
-        if self._error is not None:
-            raise self._error
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-            self._worker = asyncio.create_task(self._drain())
-        self._queue.put_nowait(call)
-
-    async def _drain(self) -> None:
-        assert self._queue is not None
-        while True:
-            call = await self._queue.get()
-            try:
-                if call is None:
-                    return
-                if self._error is None:
-                    await call()
-            except Exception as e:
-                self._error = e
-            finally:
-                self._queue.task_done()
-
-    async def flush(self) -> None:
-        if self._queue is not None and self._worker is not None:
-            self._queue.put_nowait(None)
-            await asyncio.shield(self._worker)
-            self._queue = None
-            self._worker = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def abandon(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-
-
-class Run:
+class Run(TaskRunner):
     """One invocation of a graph on one thread and checkpoint namespace."""
 
     def __init__(
@@ -190,13 +77,14 @@ class Run:
         metadata: Mapping[str, Any] | None = None,
         checkpointer: BaseCheckpointer | None = None,
         memory: Any = None,
+        incoming_answers: Mapping[str, Answer] | None = None,
     ) -> None:
         self.graph = graph
         self.spec = graph.spec
         self.schema = graph.spec.schema
         self.serde = graph.serde
         store = checkpointer if checkpointer is not None else graph.checkpointer
-        self.cp: BaseCheckpointer | None = store if thread_id is not None else None
+        self.cp = store if thread_id is not None else None
         self.memory = memory if memory is not None else graph.memory
         self.thread_id = thread_id
         self.ns = checkpoint_ns
@@ -206,25 +94,28 @@ class Run:
         self.emitter = emitter
         self.lease = lease
         self.parent_task_id = parent_task_id
+        self.incoming_answers = dict(incoming_answers or {})
         self.user_metadata = dict(metadata or {})
-        self.committer = _Committer(durability)
+        self.committer = Committer(durability)
         self.values: dict[str, Any] = {}
         self.frontier = Frontier()
         self.head: str | None = None
         self.last: Checkpoint | None = None
         self.step = -1
+        self.records: dict[str, TaskRecord] = {}
+        self.interruptions: list[Interruption] = []
+        self.rejected = False
         self.changes: dict[str, tuple[str, Any]] = {}
         self._exit_touched: dict[str, list[bytes] | None] = {}
         self._exit_parent: Checkpoint | None = None
         self._exit_expected: str | None = None
         self._exit_pending: tuple[str, str, dict[str, Any]] | None = None
-        self._loaded: CheckpointTuple | None = None
-        self._pending_outcomes: dict[str, Outcome] = {}
+        self._exit_lock: asyncio.Lock | None = None
 
     # -- loading ----------------------------------------------------------------------------
 
     async def load(self, checkpoint_id: str | None) -> CheckpointTuple | None:
-        """Load the head (or the named checkpoint) into ``values`` and ``frontier``."""
+        """Load the head (or the named checkpoint): values, frontier and task records."""
         if self.cp is None or self.thread_id is None:
             return None
         tup = await self.cp.get(self.thread_id, self.ns, checkpoint_id)
@@ -246,6 +137,7 @@ class Run:
         else:
             head = await self.cp.get(self.thread_id, self.ns)
             self.head = None if head is None else head.checkpoint.checkpoint_id
+        self.records = decode_records(self.graph, tup, self.frontier)
         return tup
 
     def check_version(self) -> None:
@@ -262,49 +154,77 @@ class Run:
                 missing_nodes=missing,
             )
 
+    def pending_interruptions(self) -> list[Interruption]:
+        """Interrupts waiting for an answer at the loaded checkpoint, in task order."""
+        order = {t.task_id: i for i, t in enumerate(self.frontier.tasks)}
+        items = sorted(self.records.items(), key=lambda kv: order.get(kv[0], len(order)))
+        return [i for _, rec in items for i in rec.unanswered()]
+
+    async def record_answers(self, answers: Mapping[str, Answer]) -> None:
+        """Store answers with the tasks whose interrupts they answer (durably, first)."""
+        owners: dict[str, str] = {}
+        info: dict[str, tuple[str, str]] = {}
+        for task_id, rec in self.records.items():
+            for intr in rec.interrupts:
+                owners[intr.id] = task_id
+                info[intr.id] = (intr.node, intr.kind)
+        touched: dict[str, TaskRecord] = {}
+        for iid, answer in answers.items():
+            task_id = owners[iid]
+            rec = self.records[task_id]
+            rec.answers[iid] = answer
+            rec.answer_info[iid] = info[iid]
+            touched[task_id] = rec
+        for task_id, rec in touched.items():
+            await self._persist_now(task_id, [(RESUME, self._encode_answers(rec))])
+
+    def _encode_answers(self, rec: TaskRecord) -> bytes:
+        data = {
+            iid: {**a.to_data(), "node": rec.answer_info[iid][0], "kind": rec.answer_info[iid][1]}
+            for iid, a in rec.answers.items()
+        }
+        return self.serde.dumps(data, channel=RESUME)
+
     # -- the loop ---------------------------------------------------------------------------
 
     async def start(self, input: Any, tup: CheckpointTuple | None) -> None:
         """Apply new input (or a ``Command``) as this thread's next checkpoint."""
+        if tup is None:
+            self.values = self.schema.initial_values()
         if isinstance(input, Command):
-            if input.resume is not None:
-                raise GraphExecError(
-                    f"thread {self.thread_id!r} has no pending interrupt to resume; "
-                    "Command(resume=...) answers an interrupt"
-                )
-            if tup is None:
-                self.values = self.schema.initial_values()
-            writes = self._encode(
-                "__input__", list(self.schema.coerce_update("__input__", input.update).items())
-            )
+            items = self.schema.coerce_update("__input__", input.update)
+            writes = self._encode("__input__", list(items.items()))
             routes = self._check_routes("__input__", input.goto_targets())
             sources = [Outcome(Task("__input__", False, 0, None, ""), writes, routes)]
         else:
-            if tup is None:
-                self.values = self.schema.initial_values()
-            writes = self._encode(
-                "__input__", list(self.schema.coerce_update("__input__", input).items())
-            )
+            items = self.schema.coerce_update("__input__", input)
+            writes = self._encode("__input__", list(items.items()))
             sources = [Outcome(Task(START, False, 0, None, ""), writes, [])]
         deltas = self._apply(sources)
         if sources[0].task.node == START:
             sources[0].routes = await self._branch_routes(START, self.values, None)
-        frontier = self._next_frontier(sources, Frontier(barriers={}))
+        frontier = self._next_frontier(sources, Frontier())
         self.emitter.emit("values", dict(self.values))
         await self._commit("input", deltas, frontier, {"writes": {"__input__": _keys(writes)}})
 
     async def loop(self) -> None:
-        """Run supersteps until the frontier is empty."""
-        pending = self._pending_outcomes
+        """Run supersteps until the frontier is empty, a human is needed, or a task fails."""
         steps = 0
         executed: list[list[str]] = []
-        while self.frontier.tasks:
+        while True:
+            after = self.records.get(AFTER)
+            if after is not None and after.unanswered():
+                await self._pause(after.unanswered())
+                return
+            if not self.frontier.tasks:
+                break
             if steps >= self.recursion_limit:
                 await self.committer.flush()
                 raise self._recursion_error(steps, executed)
             tasks = self.frontier.tasks
-            outcomes = await self._run_step(tasks, pending)
-            pending = {}
+            if await self._breakpoints_before(tasks):
+                return
+            outcomes = await self._run_step(tasks)
             failed = [o for o in outcomes if o.error is not None]
             if failed:
                 # Keep what finished: in exit durability the state so far is written first, so
@@ -313,51 +233,129 @@ class Run:
                 await self._save_unsaved(outcomes, force=True)
                 await self.committer.flush()
                 raise failed[0].error  # type: ignore[misc]
+            paused = [i for o in outcomes for i in o.interrupts]
+            if paused:
+                await self._flush_exit()
+                await self._save_unsaved(outcomes, force=True)
+                for o in outcomes:
+                    if o.interrupts:
+                        rec = self._record(o.task.task_id)
+                        if rec.interrupts != o.interrupts:
+                            rec.interrupts = list(o.interrupts)
+                            blob = self.serde.dumps(_intr_data(o.interrupts), channel=INTERRUPT)
+                            await self._persist_now(o.task.task_id, [(INTERRUPT, blob)])
+                await self._pause(paused)
+                return
             executed.append([t.node for t in tasks])
             deltas = self._apply(outcomes)
-            frontier = self._next_frontier(outcomes, self.frontier)
+            if any(o.rejected for o in outcomes):
+                self.rejected = True
+                frontier = Frontier()
+            else:
+                frontier = self._next_frontier(outcomes, self.frontier)
+            meta: dict[str, Any] = {"writes": {o.task.node: _keys(o.writes) for o in outcomes}}
+            decisions = self._decisions(tasks)
+            if decisions:
+                meta["decisions"] = decisions
             self.emitter.emit("values", dict(self.values))
-            writes = {o.task.node: _keys(o.writes) for o in outcomes}
-            await self._commit("loop", deltas, frontier, {"writes": writes})
+            await self._commit("loop", deltas, frontier, meta)
             steps += 1
+            if await self._breakpoints_after(tasks):
+                return
         await self._flush_exit()
         await self.committer.flush()
 
-    def set_pending(self, tup: CheckpointTuple | None) -> None:
-        """Decode writes saved by tasks of the loaded checkpoint's step (after a crash)."""
-        self._pending_outcomes = {}
-        if tup is None or not tup.pending_writes:
-            return
-        by_task: dict[str, dict[str, bytes]] = {}
-        for w in tup.pending_writes:
-            by_task.setdefault(w.task_id, {})[w.channel] = w.data
-        tasks = {t.task_id: t for t in self.frontier.tasks}
-        for task_id, chans in by_task.items():
-            task = tasks.get(task_id)
-            if task is None or ROUTE not in chans:
-                continue
-            pairs = self.serde.loads(chans.get(UPDATES, self.serde.dumps([])), channel=UPDATES)
-            writes = [(ch, self.serde.loads(blob, channel=ch), blob) for ch, blob in pairs]
-            routes = self._decode_routes(chans[ROUTE])
-            self._pending_outcomes[task_id] = Outcome(task, writes, routes, saved=True)
+    async def _pause(self, interruptions: list[Interruption]) -> None:
+        await self.committer.flush()
+        self.interruptions = list(interruptions)
+        payload = [_intr_public(i) for i in interruptions]
+        self.emitter.emit("updates", {"__interrupt__": tuple(interruptions)})
+        self.emitter.emit("events", {"event": "interrupt", "ns": self.ns, "interruptions": payload})
 
-    def attempts_done(self, tup: CheckpointTuple | None, task_id: str) -> int:
-        """Failed attempts recorded for a task before a crash."""
-        if tup is None:
-            return 0
-        for w in tup.pending_writes:
-            if w.task_id == task_id and w.channel == ATTEMPT:
-                return int(self.serde.loads(w.data, channel=ATTEMPT))
-        return 0
+    async def _breakpoints_before(self, tasks: list[Task]) -> bool:
+        watched = self.graph.interrupt_before
+        if not watched:
+            return False
+        new: list[tuple[Task, Interruption]] = []
+        for t in tasks:
+            if t.node not in watched and "*" not in watched:
+                continue
+            rec = self._record(t.task_id)
+            iid = interrupt_id(self.ns, t.task_id, "__before__")
+            if iid in rec.answers:
+                continue
+            new.append((t, Interruption(iid, t.node, "breakpoint", None, datetime.now(UTC))))
+        if not new:
+            return False
+        await self._flush_exit()
+        for t, intr in new:
+            rec = self._record(t.task_id)
+            rec.interrupts = [intr]
+            await self._persist_now(
+                t.task_id, [(INTERRUPT, self.serde.dumps(_intr_data([intr]), channel=INTERRUPT))]
+            )
+        await self._pause([intr for _, intr in new])
+        return True
+
+    async def _breakpoints_after(self, tasks: list[Task]) -> bool:
+        watched = self.graph.interrupt_after
+        if not watched or not self.frontier.tasks:
+            return False
+        nodes = list(dict.fromkeys(t.node for t in tasks if t.node in watched or "*" in watched))
+        if not nodes:
+            return False
+        await self._flush_exit()
+        now = datetime.now(UTC)
+        intrs = [
+            Interruption(
+                interrupt_id(self.ns, self.head or "", f"__after__:{n}"), n, "breakpoint", None, now
+            )
+            for n in nodes
+        ]
+        self.records[AFTER] = TaskRecord(interrupts=intrs)
+        await self._persist_now(
+            AFTER, [(INTERRUPT, self.serde.dumps(_intr_data(intrs), channel=INTERRUPT))]
+        )
+        await self._pause(intrs)
+        return True
+
+    def _decisions(self, tasks: Sequence[Task]) -> list[dict[str, Any]]:
+        out = []
+        for t in tasks:
+            rec = self.records.get(t.task_id)
+            if rec is None:
+                continue
+            for iid, a in rec.answers.items():
+                node, kind = rec.answer_info.get(iid, (t.node, "input"))
+                entry: dict[str, Any] = {
+                    "interruption_id": iid,
+                    "node": node,
+                    "kind": kind,
+                    "decision": a.decision,
+                    "by": a.by,
+                    "at": a.at,
+                }
+                if a.reason is not None:
+                    entry["reason"] = a.reason
+                if a.edited:
+                    entry["edited"] = dict(a.edited)
+                out.append(entry)
+        return out
 
     # -- one step ---------------------------------------------------------------------------
 
-    async def _run_step(self, tasks: list[Task], pending: dict[str, Outcome]) -> list[Outcome]:
+    async def _run_step(self, tasks: list[Task]) -> list[Outcome]:
         outcomes: dict[str, Outcome] = {}
         todo = []
         for t in tasks:
-            if t.task_id in pending:
-                outcomes[t.task_id] = pending[t.task_id]
+            rec = self.records.get(t.task_id)
+            if rec is not None and rec.done is not None:
+                outcomes[t.task_id] = rec.done
+            elif (
+                rec is not None and rec.interrupts and len(rec.unanswered()) == len(rec.interrupts)
+            ):
+                # still waiting for a human: do not run it again
+                outcomes[t.task_id] = Outcome(t, [], [], interrupts=rec.unanswered(), saved=True)
             else:
                 todo.append(t)
         remaining = len(todo)
@@ -370,7 +368,7 @@ class Run:
             outcomes[task.task_id] = outcome
             # The last task to finish goes straight into the step's checkpoint; earlier ones
             # are saved now, so a crash re-runs only what had not finished.
-            if outcome.error is None and remaining > 0:
+            if outcome.error is None and not outcome.interrupts and remaining > 0:
                 await self._save(outcome)
 
         if len(todo) == 1:
@@ -384,13 +382,15 @@ class Run:
         return [outcomes[t.task_id] for t in tasks]
 
     async def _save(self, outcome: Outcome, *, force: bool = False) -> None:
-        if self.cp is None or outcome.saved or (self.durability == "exit" and not force):
+        if self.cp is None or outcome.saved or outcome.interrupts:
+            return
+        if self.durability == "exit" and not force:
             return
         outcome.saved = True
         pairs = [[ch, blob] for ch, _, blob in outcome.writes]
         writes = [
             (UPDATES, self.serde.dumps(pairs, channel=UPDATES)),
-            (ROUTE, self._encode_routes(outcome.routes)),
+            (ROUTE, self._encode_route(outcome)),
         ]
         cp, thread_id, ns, cid, lease = self.cp, self.thread_id, self.ns, self.head, self.lease
         assert thread_id is not None and cid is not None
@@ -414,247 +414,18 @@ class Run:
             lambda: cp.put_writes(thread_id, ns, cid, task.task_id, data, lease=lease)
         )
 
-    async def _run_task(self, task: Task, step: int) -> Outcome:
-        spec = self.spec.nodes[task.node]
-        self.emitter.emit(
-            "events",
-            {
-                "event": "task_start",
-                "node": task.node,
-                "task_id": task.task_id,
-                "step": step,
-                "ns": self.ns,
-            },
-        )
-        try:
-            if spec.subgraph is not None:
-                writes = await self._run_subgraph(spec, task)
-                outcome = Outcome(task, writes, [])
-            else:
-                result = await self._call_with_retry(spec, task, step)
-                outcome = await self._process_result(task, result)
-            outcome.routes += await self._branch_routes(task.node, self.values, outcome)
-        except (GraphExecError, Exception) as e:
-            self.emitter.emit(
-                "events",
-                {
-                    "event": "task_error",
-                    "node": task.node,
-                    "task_id": task.task_id,
-                    "step": step,
-                    "ns": self.ns,
-                    "error": repr(e),
-                },
-            )
-            return Outcome(task, [], [], error=e)
-        update = {ch: value for ch, value, _ in outcome.writes}
-        self.emitter.emit("updates", {task.node: update})
-        self.emitter.emit(
-            "events",
-            {
-                "event": "task_end",
-                "node": task.node,
-                "task_id": task.task_id,
-                "step": step,
-                "ns": self.ns,
-                "update": update,
-            },
-        )
-        return outcome
-
-    def _context(self, spec: NodeSpec, task: Task, step: int, attempt: int) -> NodeContext:
-        key_src = f"{self.thread_id}\x00{task.task_id}".encode()
-        emitter = self.emitter
-        return NodeContext(
-            thread_id=self.thread_id,
-            run_id=self.run_id,
-            step=step,
-            node=spec.name,
-            task_id=task.task_id,
-            attempt=attempt,
-            checkpoint_ns=self.ns,
-            idempotency_key=hashlib.sha256(key_src).hexdigest()[:32],
-            memory=self.memory,
-            _writer=lambda payload: emitter.emit_threadsafe("custom", payload),
-        )
-
-    async def _call_once(self, spec: NodeSpec, task: Task, ctx: NodeContext) -> Any:
-        fn = spec.fn
-        assert fn is not None
-        arg = task.arg if task.push else self.schema.to_node_input(self.values)
-        args = (arg, ctx) if spec.takes_ctx else (arg,)
-        if spec.timeout is None:
-            if spec.is_async:
-                return await fn(*args)
-            return await asyncio.to_thread(fn, *args)
-        try:
-            async with asyncio.timeout(spec.timeout) as cm:
-                if spec.is_async:
-                    return await fn(*args)
-                return await asyncio.to_thread(fn, *args)
-        except TimeoutError as e:
-            if cm.expired():
-                raise NodeTimeoutError(
-                    f"node {spec.name!r} did not finish within its timeout of {spec.timeout}s "
-                    f"(attempt {ctx.attempt}); raise timeout= or make the node faster",
-                    node=spec.name,
-                    timeout=spec.timeout,
-                ) from e
-            raise
-
-    async def _call_with_retry(self, spec: NodeSpec, task: Task, step: int) -> Any:
-        done_before = self.attempts_done(self._loaded, task.task_id)
-        policy = spec.retry
-        if policy is None:
-            ctx = self._context(spec, task, step, done_before + 1)
-            try:
-                return await self._call_once(spec, task, ctx)
-            except Exception as e:
-                raise self._node_error(spec, ctx.attempt, e) from e
-        remaining = max(policy.max_attempts - done_before, 1)
-
-        def wait(state: RetryCallState) -> float:
-            import random
-
-            base = policy.interval(done_before + state.attempt_number)
-            return base + (random.random() if policy.jitter else 0.0)
-
-        async def before_sleep(state: RetryCallState) -> None:
-            await self._save_attempt(task, done_before + state.attempt_number)
-
-        attempt_no = done_before + 1
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(remaining),
-                wait=wait,
-                retry=retry_if_exception(policy.should_retry),
-                before_sleep=before_sleep,
-                reraise=True,
-            ):
-                with attempt:
-                    attempt_no = done_before + attempt.retry_state.attempt_number
-                    result = await self._call_once(
-                        spec, task, self._context(spec, task, step, attempt_no)
-                    )
-        except Exception as e:
-            raise self._node_error(spec, attempt_no, e) from e
-        return result
-
-    def _node_error(self, spec: NodeSpec, attempt: int, e: Exception) -> Exception:
-        if isinstance(e, GraphExecError):
-            return e
-        return NodeExecutionError(
-            f"node {spec.name!r} failed on attempt {attempt}: {type(e).__name__}: {e}"
-            + (
-                f" (thread {self.thread_id!r}; resume it with invoke(None, thread_id=...) "
-                "after fixing the cause)"
-                if self.thread_id is not None
-                else ""
-            ),
-            node=spec.name,
-            attempt=attempt,
-            thread_id=self.thread_id,
-        )
-
-    async def _process_result(self, task: Task, result: Any) -> Outcome:
-        node = task.node
-        routes: list[str | Send] = []
-        if isinstance(result, Command):
-            if result.resume is not None:
-                raise InvalidUpdateError(
-                    f"node {node!r} returned Command(resume=...); resume is for answering an "
-                    "interrupt from outside the graph",
-                    node=node,
-                    key=None,
-                )
-            update = result.update
-            routes = self._check_routes(node, result.goto_targets())
-        elif (
-            isinstance(result, list | tuple) and result and all(isinstance(x, Send) for x in result)
-        ):
-            update = None
-            routes = self._check_routes(node, list(result))
-        elif isinstance(result, Send):
-            update = None
-            routes = self._check_routes(node, [result])
+    async def _persist_now(self, task_id: str, writes: list[tuple[str, bytes]]) -> None:
+        """Store writes durably before returning, in every durability mode."""
+        if self.cp is None or self.thread_id is None:
+            return
+        if self.durability == "exit":
+            await self._flush_exit()
         else:
-            update = result
-        items = self.schema.coerce_update(node, update)
-        return Outcome(task, self._encode(node, list(items.items())), routes)
-
-    def _encode(
-        self, node: str, items: list[tuple[str, Any]]
-    ) -> list[tuple[str, Any, bytes | None]]:
-        if self.cp is None:
-            return [(ch, v, None) for ch, v in items]
-        out: list[tuple[str, Any, bytes | None]] = []
-        for ch, value in items:
-            try:
-                out.append((ch, value, self.serde.dumps(value, channel=ch)))
-            except SerializationError as e:
-                raise InvalidUpdateError(
-                    f"node {node!r} wrote a value to state key {ch!r} that cannot be stored: {e}",
-                    node=node,
-                    key=ch,
-                ) from e
-        return out
-
-    def _check_routes(self, node: str, targets: Sequence[Any]) -> list[str | Send]:
-        out: list[str | Send] = []
-        for t in targets:
-            name = t.node if isinstance(t, Send) else t
-            if not isinstance(name, str) or (name != END and name not in self.spec.nodes):
-                raise InvalidUpdateError(
-                    f"node {node!r} routed to unknown node {name!r}; known nodes: "
-                    f"{', '.join(self.spec.nodes)}",
-                    node=node,
-                    key=None,
-                )
-            if isinstance(t, Send) and t.node == END:
-                raise InvalidUpdateError(f"node {node!r}: cannot Send to END", node=node, key=None)
-            out.append(t)
-        return out
-
-    async def _branch_routes(
-        self, source: str, values: dict[str, Any], outcome: Outcome | None
-    ) -> list[str | Send]:
-        branches: tuple[BranchSpec, ...] = self.spec.branches.get(source, ())
-        if not branches:
-            return []
-        local = values
-        if outcome is not None and outcome.writes:
-            local = dict(values)
-            self._fold_into(local, source, outcome.writes)
-        state = self.schema.to_node_input(local)
-        routes: list[str | Send] = []
-        for br in branches:
-            result = await br.path(state) if br.is_async else br.path(state)
-            items = result if isinstance(result, list | tuple) else [result]
-            for item in items:
-                if isinstance(item, Send):
-                    routes.append(item)
-                    continue
-                if br.path_map is not None:
-                    if item not in br.path_map:
-                        raise InvalidUpdateError(
-                            f"conditional edge {br.name!r} from {source!r} returned {item!r}, "
-                            f"which is not a key of its path map {sorted(map(str, br.path_map))}",
-                            node=source,
-                            key=None,
-                        )
-                    item = br.path_map[item]
-                routes.append(item)
-        return self._check_routes(source, routes)
-
-    def _fold_into(
-        self, values: dict[str, Any], node: str, writes: Sequence[tuple[str, Any, Any]]
-    ) -> None:
-        for ch, value, _ in writes:
-            spec = self.schema.channels[ch]
-            if spec.reducer is None:
-                values[ch] = value
-            else:
-                values[ch] = spec.reduce(node, values.get(ch, _MISSING), value)
+            await self.committer.drain()
+        assert self.head is not None
+        await self.cp.put_writes(
+            self.thread_id, self.ns, self.head, task_id, writes, lease=self.lease
+        )
 
     def _apply(self, outcomes: Sequence[Outcome]) -> dict[str, ChannelDelta]:
         setters: dict[str, str] = {}
@@ -677,6 +448,7 @@ class Run:
                     setters[ch] = o.task.task_id
                     self.values[ch] = value
                     set_blobs[ch] = blob
+                    fold_blobs.pop(ch, None)
                     self.changes[ch] = ("set", value)
                 else:
                     self.values[ch] = spec.reduce(node, self.values.get(ch, _MISSING), value)
@@ -704,14 +476,17 @@ class Run:
         pushes: list[Send] = []
         for o in outcomes:
             node = o.task.node
-            for target in spec.edges.get(node, ()):
-                if target != END:
-                    pulls.add(target)
+            if o.follow_edges:
+                for target in spec.edges.get(node, ()):
+                    if target != END:
+                        pulls.add(target)
             for route in o.routes:
                 if isinstance(route, Send):
                     pushes.append(route)
                 elif route != END:
                     pulls.add(route)
+            if not o.follow_edges:
+                continue
             for i, (sources, target) in enumerate(spec.joins):
                 if node in sources:
                     seen = barriers.setdefault(i, [])
@@ -749,11 +524,12 @@ class Run:
             for t in frontier.tasks
         ]
         self.frontier = frontier
+        self.records = {}
         if self.cp is None:
             self.head = checkpoint_id
             return
         if self.durability == "exit":
-            if self._exit_parent is None:
+            if self._exit_pending is None:
                 self._exit_parent = self.last
                 self._exit_expected = self.head
             for ch, d in deltas.items():
@@ -784,21 +560,28 @@ class Run:
         """In ``exit`` durability, write one checkpoint with everything since the last one."""
         if self.durability != "exit" or self.cp is None or self._exit_pending is None:
             return
-        checkpoint_id, source, metadata = self._exit_pending
-        self._exit_pending = None
-        deltas: dict[str, ChannelDelta] = {}
-        for ch, blobs in self._exit_touched.items():
-            if blobs is None:
-                deltas[ch] = ChannelDelta("set", (self.serde.dumps(self.values[ch], channel=ch),))
-            else:
-                deltas[ch] = ChannelDelta("fold", tuple(blobs))
-        self._exit_touched = {}
-        cp = self._build(checkpoint_id, source, deltas, self.frontier, metadata, self._exit_parent)
-        self._exit_parent = None
-        expected = self._exit_expected
-        self.head = checkpoint_id
-        self.last = cp
-        await self.cp.put(cp, expected_head=expected, lease=self.lease)
+        if self._exit_lock is None:
+            self._exit_lock = asyncio.Lock()
+        async with self._exit_lock:
+            if self._exit_pending is None:
+                return
+            checkpoint_id, source, metadata = self._exit_pending
+            deltas: dict[str, ChannelDelta] = {}
+            for ch, blobs in self._exit_touched.items():
+                if blobs is None:
+                    blob = self.serde.dumps(self.values[ch], channel=ch)
+                    deltas[ch] = ChannelDelta("set", (blob,))
+                else:
+                    deltas[ch] = ChannelDelta("fold", tuple(blobs))
+            cp = self._build(
+                checkpoint_id, source, deltas, self.frontier, metadata, self._exit_parent
+            )
+            await self.cp.put(cp, expected_head=self._exit_expected, lease=self.lease)
+            self._exit_touched = {}
+            self._exit_parent = None
+            self._exit_pending = None
+            self.head = checkpoint_id
+            self.last = cp
 
     def _build(
         self,
@@ -812,7 +595,6 @@ class Run:
         assert self.cp is not None and self.thread_id is not None
         policy = self.cp.snapshot_policy
         added = sum(d.nbytes for d in deltas.values())
-        snapshot: dict[str, bytes] | None = None
         if parent is None:
             depth, delta_bytes, snapshot_bytes = 0, 0, 0
             want = True
@@ -823,6 +605,7 @@ class Run:
             want = policy.wants_snapshot(
                 depth=depth, delta_bytes=delta_bytes, snapshot_bytes=snapshot_bytes
             )
+        snapshot: dict[str, bytes] | None = None
         if want:
             snapshot = {}
             for ch, value in self.values.items():
@@ -864,9 +647,7 @@ class Run:
 
     # -- subgraphs ----------------------------------------------------------------------------
 
-    async def _run_subgraph(
-        self, spec: NodeSpec, task: Task
-    ) -> list[tuple[str, Any, bytes | None]]:
+    async def _run_subgraph(self, spec: NodeSpec, task: Task, rec: TaskRecord) -> Outcome:
         sub = spec.subgraph
         assert sub is not None
         part = f"{task.node}:{task.index}" if task.push else task.node
@@ -883,6 +664,7 @@ class Run:
             parent_task_id=task.task_id,
             checkpointer=self.cp,
             memory=self.memory,
+            incoming_answers=rec.answers,
         )
         source = task.arg if task.push else self.values
         if not isinstance(source, Mapping):
@@ -894,6 +676,8 @@ class Run:
             )
         sub_input = {k: v for k, v in source.items() if k in sub.spec.schema.channels}
         await child.run_child(sub_input)
+        if child.interruptions:
+            return Outcome(task, [], [], interrupts=list(child.interruptions))
         items: list[tuple[str, Any]] = []
         for ch, (kind, payload) in child.changes.items():
             parent_spec = self.schema.channels.get(ch)
@@ -908,7 +692,7 @@ class Run:
         checked: list[tuple[str, Any]] = []
         for ch, value in items:
             checked += list(self.schema.coerce_update(task.node, {ch: value}).items())
-        return self._encode(task.node, checked)
+        return Outcome(task, self._encode(task.node, checked), [])
 
     async def run_child(self, sub_input: dict[str, Any]) -> None:
         """Run as a subgraph task: resume this namespace if the same parent task began it."""
@@ -917,16 +701,16 @@ class Run:
             tup is not None and tup.checkpoint.metadata.get("parent_task") == self.parent_task_id
         )
         if resuming:
-            assert tup is not None
-            self._loaded = tup
-            self.set_pending(tup)
+            pending = {i.id for i in self.pending_interruptions()}
+            answers = {k: v for k, v in self.incoming_answers.items() if k in pending}
+            if answers:
+                await self.record_answers(answers)
             await self._replay_changes()
             await self.loop()
             return
         self.values = self.schema.initial_values()
         self.frontier = Frontier()
-        self._loaded = None
-        self._pending_outcomes = {}
+        self.records = {}
         base = self.last
         self.last = None
         self.step = -1 if base is None else base.step
@@ -940,9 +724,7 @@ class Run:
         history = list(await self.cp.list(self.thread_id, self.ns))
         run_cps: list[Checkpoint] = []
         for cp in history:
-            if cp.metadata.get("parent_task") != self.parent_task_id:
-                break
-            if cp.source == "input":
+            if cp.metadata.get("parent_task") != self.parent_task_id or cp.source == "input":
                 break
             run_cps.append(cp)
         self.changes = {}
@@ -959,15 +741,10 @@ class Run:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _encode_routes(self, routes: Sequence[str | Send]) -> bytes:
-        data = [["n", r] if isinstance(r, str) else ["s", r.node, r.arg] for r in routes]
+    def _encode_route(self, outcome: Outcome) -> bytes:
+        routes = [["n", r] if isinstance(r, str) else ["s", r.node, r.arg] for r in outcome.routes]
+        data = {"r": routes, "e": outcome.follow_edges, "x": outcome.rejected}
         return self.serde.dumps(data, channel=ROUTE)
-
-    def _decode_routes(self, blob: bytes) -> list[str | Send]:
-        out: list[str | Send] = []
-        for item in self.serde.loads(blob, channel=ROUTE):
-            out.append(item[1] if item[0] == "n" else Send(item[1], item[2]))
-        return out
 
     def _recursion_error(self, steps: int, executed: list[list[str]]) -> RecursionLimitError:
         recent = {n for nodes in executed[-max(2 * len(self.spec.nodes), 2) :] for n in nodes}
@@ -990,6 +767,58 @@ class Run:
             steps=steps,
             cycle=cycle,
         )
+
+
+def decode_records(
+    graph: CompiledGraph[Any], tup: CheckpointTuple, frontier: Frontier
+) -> dict[str, TaskRecord]:
+    """Group a checkpoint's pending writes into per-task records."""
+    serde = graph.serde
+    by_task: dict[str, dict[str, bytes]] = {}
+    for w in tup.pending_writes:
+        by_task.setdefault(w.task_id, {})[w.channel] = w.data
+    tasks = {t.task_id: t for t in frontier.tasks}
+    records: dict[str, TaskRecord] = {}
+    for task_id, chans in by_task.items():
+        task = tasks.get(task_id)
+        if task is None and task_id != AFTER:
+            continue  # writes of a task the frontier no longer has (graph changed)
+        rec = TaskRecord()
+        if task is not None and ROUTE in chans:
+            pairs = serde.loads(chans.get(UPDATES, serde.dumps([])), channel=UPDATES)
+            writes = [(ch, serde.loads(blob, channel=ch), blob) for ch, blob in pairs]
+            route = serde.loads(chans[ROUTE], channel=ROUTE)
+            routes: list[str | Send] = [
+                r[1] if r[0] == "n" else Send(r[1], r[2]) for r in route["r"]
+            ]
+            rec.done = Outcome(
+                task, writes, routes, saved=True, follow_edges=route["e"], rejected=route["x"]
+            )
+        if INTERRUPT in chans:
+            rec.interrupts = [
+                Interruption(d["id"], d["node"], d["kind"], d["value"], d["created_at"])
+                for d in serde.loads(chans[INTERRUPT], channel=INTERRUPT)
+            ]
+        if RESUME in chans:
+            rec.answers, rec.answer_info = decode_answers(serde, chans[RESUME])
+        if ATTEMPT in chans:
+            rec.attempts = int(serde.loads(chans[ATTEMPT], channel=ATTEMPT))
+        for ch, blob in chans.items():
+            if ch.startswith(EFFECT):
+                rec.effects[ch[len(EFFECT) :]] = blob
+        records[task_id] = rec
+    return records
+
+
+def _intr_data(interruptions: Sequence[Interruption]) -> list[dict[str, Any]]:
+    return [
+        {"id": i.id, "node": i.node, "kind": i.kind, "value": i.value, "created_at": i.created_at}
+        for i in interruptions
+    ]
+
+
+def _intr_public(i: Interruption) -> dict[str, Any]:
+    return {"id": i.id, "node": i.node, "kind": i.kind, "value": i.value}
 
 
 def _keys(writes: Sequence[tuple[str, Any, Any]]) -> list[str]:

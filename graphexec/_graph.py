@@ -15,22 +15,29 @@ import networkx as nx
 from graphexec._builder import GraphSpec
 from graphexec._checkpoint import BaseCheckpointer, Checkpoint, CheckpointTuple, Lease, ThreadInfo
 from graphexec._draw import draw_mermaid
-from graphexec._executor import Emitter, Frontier, Outcome, Run, Task, resume_error, task_id_for
+from graphexec._executor import Run, decode_records, resume_error
+from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
 from graphexec._serde import Serializer
 from graphexec._state import _MISSING
 from graphexec._sync import iterate_sync, run_sync
+from graphexec._tasks import Emitter, Frontier, Outcome, Task, task_id_for
 from graphexec._types import (
     END,
     START,
+    Command,
     Durability,
+    Interruption,
     RunResult,
+    RunStatus,
     StateSnapshot,
     StreamMode,
+    TaskInfo,
 )
 from graphexec.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     GraphExecError,
+    InvalidResumeError,
     InvalidUpdateError,
     LeaseLostError,
     NodeExecutionError,
@@ -38,6 +45,7 @@ from graphexec.errors import (
     NotSupportedError,
     RecursionLimitError,
     ThreadBusyError,
+    ThreadInterruptedError,
     ThreadNotFoundError,
 )
 
@@ -88,6 +96,8 @@ class CompiledGraph(Generic[StateT]):
         name: str,
         recursion_limit: int,
         analysis: nx.DiGraph[str],
+        interrupt_before: frozenset[str] = frozenset(),
+        interrupt_after: frozenset[str] = frozenset(),
         lease_ttl: float = 30.0,
     ) -> None:
         self.spec = spec
@@ -97,6 +107,8 @@ class CompiledGraph(Generic[StateT]):
         self.recursion_limit = recursion_limit
         self.analysis = analysis
         self.lease_ttl = lease_ttl
+        self.interrupt_before = interrupt_before
+        self.interrupt_after = interrupt_after
         self.serde = Serializer()
         self.serde.register_schema(spec.schema.schema)
 
@@ -267,19 +279,48 @@ class CompiledGraph(Generic[StateT]):
         )
         try:
             tup = await run.load(checkpoint_id)
-            run._loaded = tup
-            if input is None:
+            pending = run.pending_interruptions()
+            if isinstance(input, RunState):
+                input = self._check_run_state(input, thread_id, tup)
+            if isinstance(input, Command) and input.resume is not None:
+                if input.update is not None or input.goto:
+                    raise InvalidResumeError(
+                        "Command(resume=...) cannot be combined with update= or goto=; "
+                        "resume first, then update_state() if needed",
+                        thread_id=thread_id,
+                    )
+                answers = self._match_answers(thread_id, pending, input.resume)
+                run.check_version()
+                await run.record_answers(answers)
+                await run.loop()
+            elif input is None:
                 if tup is None:
-                    assert thread_id is not None or self.checkpointer is None
                     if thread_id is None:
                         raise GraphExecError("input=None resumes a thread; pass an input")
                     raise resume_error(thread_id)
                 run.check_version()
-                run.set_pending(tup)
+                breakpoints = {i.id: Answer("continue") for i in pending if i.kind == "breakpoint"}
+                if breakpoints:
+                    await run.record_answers(breakpoints)
+                await run.loop()
             else:
+                waiting = [i for i in pending if i.kind != "breakpoint"]
+                if waiting:
+                    assert thread_id is not None
+                    raise ThreadInterruptedError(
+                        f"thread {thread_id!r} is waiting on {len(waiting)} interrupt(s) "
+                        f"({', '.join(f'{i.node}:{i.id}' for i in waiting)}); answer with "
+                        "Command(resume=...) before sending new input",
+                        thread_id=thread_id,
+                        pending=[i.id for i in waiting],
+                    )
                 await run.start(input, tup)
-            await run.loop()
-            status: Literal["done", "failed"] = "done"
+                await run.loop()
+            status: RunStatus = "done"
+            if run.interruptions:
+                status = "interrupted"
+            elif run.rejected:
+                status = "rejected"
             error: BaseException | None = None
         except _RUN_FAILURES as e:
             status, error = "failed", e
@@ -294,12 +335,81 @@ class CompiledGraph(Generic[StateT]):
         return RunResult(
             values=dict(run.values),
             status=status,
-            interruptions=(),
+            interruptions=tuple(run.interruptions),
             thread_id=thread_id,
             run_id=run_id,
             checkpoint_id=run.head if thread_id is not None else None,
             error=error,
+            graph_name=self.name,
+            graph_version=self.version,
+            _graph=self,
         )
+
+    def _match_answers(
+        self, thread_id: str | None, pending: Sequence[Interruption], resume: Any
+    ) -> dict[str, Answer]:
+        """Match a ``Command(resume=...)`` to pending interrupts, by id."""
+        ids = [i.id for i in pending]
+        by_id = {i.id: i for i in pending}
+        if not pending:
+            raise InvalidResumeError(
+                f"thread {thread_id!r} has no pending interrupt to resume (it finished or was "
+                "never interrupted); start a new run with an input instead",
+                thread_id=thread_id,
+            )
+        if (
+            isinstance(resume, Mapping)
+            and resume
+            and all(isinstance(k, str) and k.startswith(INTERRUPT_PREFIX) for k in resume)
+        ):
+            unknown = [k for k in resume if k not in by_id]
+            if unknown:
+                raise InvalidResumeError(
+                    f"thread {thread_id!r}: interruption id(s) {unknown} are not pending "
+                    f"(unknown, stale or already answered); pending: {ids}",
+                    thread_id=thread_id,
+                    pending=ids,
+                )
+            return {k: to_answer(by_id[k].kind, v) for k, v in resume.items()}
+        if len(pending) > 1:
+            raise InvalidResumeError(
+                f"thread {thread_id!r} has {len(pending)} pending interrupts; answer by id with "
+                f"Command(resume={{id: value, ...}}); pending: {ids}",
+                thread_id=thread_id,
+                pending=ids,
+            )
+        return {pending[0].id: to_answer(pending[0].kind, resume)}
+
+    def _check_run_state(
+        self, state: RunState, thread_id: str | None, tup: CheckpointTuple | None
+    ) -> Command:
+        """Validate a RunState against this graph and the thread; return it as a resume."""
+        if state.graph_version != self.version or state.graph_name != self.name:
+            raise InvalidResumeError(
+                f"this RunState belongs to graph {state.graph_name!r} version "
+                f"{state.graph_version}, not to {self.name!r} version {self.version}",
+                thread_id=state.thread_id,
+            )
+        if thread_id != state.thread_id:
+            raise InvalidResumeError(
+                f"this RunState belongs to thread {state.thread_id!r}, not {thread_id!r}",
+                thread_id=state.thread_id,
+            )
+        head = None if tup is None else tup.checkpoint.checkpoint_id
+        if head != state.checkpoint_id:
+            raise InvalidResumeError(
+                f"thread {state.thread_id!r} moved on since this RunState was taken (its head "
+                f"is {head!r}, the state was taken at {state.checkpoint_id!r}); take a fresh "
+                "state with get_state()",
+                thread_id=state.thread_id,
+            )
+        if not state.answers:
+            raise InvalidResumeError(
+                "this RunState has no decisions; call approve(), reject() or resume() first",
+                thread_id=state.thread_id,
+                pending=[i.id for i in state.pending],
+            )
+        return Command(resume=dict(state.answers))
 
     async def arun(
         self,
@@ -335,6 +445,8 @@ class CompiledGraph(Generic[StateT]):
         Returns:
             A :class:`~graphexec.RunResult`; ``status="failed"`` carries the error.
         """
+        if isinstance(input, RunState) and thread_id is None and config is None:
+            thread_id = input.thread_id
         thread_id, checkpoint_id = self._thread(thread_id, checkpoint_id, config, required=False)
         return await self._execute(
             input,
@@ -528,7 +640,23 @@ class CompiledGraph(Generic[StateT]):
 
     # -- reading state ----------------------------------------------------------------------
 
-    def _snapshot(self, cp: Checkpoint, values: dict[str, Any]) -> StateSnapshot:
+    def _snapshot(
+        self, cp: Checkpoint, values: dict[str, Any], tup: CheckpointTuple | None = None
+    ) -> StateSnapshot:
+        interruptions: list[Interruption] = []
+        tasks: list[TaskInfo] = []
+        if tup is not None:
+            frontier = self.decode_frontier(cp)
+            records = decode_records(self, tup, frontier)
+            for t in frontier.tasks:
+                rec = records.get(t.task_id)
+                waiting = tuple(rec.unanswered()) if rec is not None else ()
+                finished = rec is not None and rec.done is not None
+                tasks.append(TaskInfo(t.task_id, t.node, finished, waiting))
+                interruptions += waiting
+            after = records.get("__after__")
+            if after is not None:
+                interruptions += after.unanswered()
         return StateSnapshot(
             values=values,
             next=cp.next_nodes,
@@ -537,8 +665,9 @@ class CompiledGraph(Generic[StateT]):
             step=cp.step,
             created_at=cp.created_at,
             metadata=dict(cp.metadata),
-            interruptions=(),
+            interruptions=tuple(interruptions),
             thread_id=cp.thread_id,
+            tasks=tuple(tasks),
         )
 
     async def aget_state(
@@ -554,7 +683,7 @@ class CompiledGraph(Generic[StateT]):
         tup = await self._store().get(thread, "", cid)
         if tup is None:
             return None
-        return self._snapshot(tup.checkpoint, self.materialize(tup))
+        return self._snapshot(tup.checkpoint, self.materialize(tup), tup)
 
     def get_state(
         self,
@@ -600,7 +729,7 @@ class CompiledGraph(Generic[StateT]):
                 f"thread {thread!r}: checkpoint {oldest.checkpoint_id!r} vanished while reading"
             )
         values = self.materialize(tup)
-        out = [self._snapshot(oldest, dict(values))]
+        out = [self._snapshot(oldest, dict(values), tup)]
         for cp in reversed(cps[:-1]):
             self.apply_deltas(values, cp)
             out.append(self._snapshot(cp, dict(values)))
@@ -839,6 +968,8 @@ class CompiledGraph(Generic[StateT]):
         for name, node in self.spec.nodes.items():
             for d in node.destinations:
                 g.add_edge(name, d, kind="destination")
+            if node.on_reject is not None:
+                g.add_edge(name, node.on_reject, kind="conditional", label="rejected")
         return g
 
     def draw_mermaid(self) -> str:

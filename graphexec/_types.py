@@ -6,7 +6,10 @@ import builtins
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from graphexec._hitl import RunState
 
 __all__ = [
     "END",
@@ -20,6 +23,7 @@ __all__ = [
     "Send",
     "StateSnapshot",
     "StreamMode",
+    "TaskInfo",
 ]
 
 START = "__start__"
@@ -178,6 +182,23 @@ class Interruption:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """A task of the step that follows a checkpoint, as storage knows it.
+
+    Attributes:
+        task_id: The deterministic task id.
+        node: The node it runs.
+        finished: Whether its writes are already saved (it will not run again).
+        interruptions: Interrupts it waits on.
+    """
+
+    task_id: str
+    node: str
+    finished: bool
+    interruptions: tuple[Interruption, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StateSnapshot:
     """The state of a thread at one checkpoint.
 
@@ -191,6 +212,7 @@ class StateSnapshot:
         metadata: Engine and user metadata (``source``, ``writes``, ``run_id`` ...).
         interruptions: Interrupts waiting for an answer at this checkpoint.
         thread_id: The thread.
+        tasks: The tasks of the next step, with what has already finished.
     """
 
     values: dict[str, Any]
@@ -202,6 +224,7 @@ class StateSnapshot:
     metadata: dict[str, Any]
     interruptions: tuple[Interruption, ...]
     thread_id: str
+    tasks: tuple[TaskInfo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +239,8 @@ class RunResult:
         run_id: This run's id.
         checkpoint_id: The last committed checkpoint.
         error: The exception when ``status == "failed"``.
+        graph_name: The graph that ran.
+        graph_version: Its version fingerprint.
     """
 
     values: dict[str, Any]
@@ -225,3 +250,29 @@ class RunResult:
     run_id: str
     checkpoint_id: str | None
     error: BaseException | None = None
+    graph_name: str = ""
+    graph_version: str = ""
+    _graph: Any = field(default=None, repr=False, compare=False)
+
+    def to_state(self) -> RunState:
+        """The paused run as a :class:`~graphexec.RunState`, to decide on and continue.
+
+        Raises:
+            GraphExecError: when the run is not waiting for a human.
+        """
+        from graphexec._hitl import RunState
+        from graphexec.errors import GraphExecError
+
+        if self.status != "interrupted" or self.thread_id is None or self.checkpoint_id is None:
+            raise GraphExecError(
+                f"run {self.run_id} ended with status {self.status!r}; only an interrupted run "
+                "of a thread has a state to decide on"
+            )
+        return RunState(
+            thread_id=self.thread_id,
+            checkpoint_id=self.checkpoint_id,
+            graph_name=self.graph_name,
+            graph_version=self.graph_version,
+            interruptions=self.interruptions,
+            _graph=self._graph,
+        )

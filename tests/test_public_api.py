@@ -65,6 +65,11 @@ EXPECTED = {
     "StorageError",
     "MemoryStoreError",
     "NotSupportedError",
+    "interrupt",
+    "RunState",
+    "TaskInfo",
+    "InvalidResumeError",
+    "ThreadInterruptedError",
 }
 
 

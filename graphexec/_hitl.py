@@ -1,0 +1,421 @@
+"""Human in the loop: ``interrupt()``, answers, and the portable ``RunState``.
+
+How resuming works (read this before using ``interrupt``):
+
+- ``interrupt(value)`` pauses the node. The run returns ``status="interrupted"`` with an
+  :class:`~graphexec.Interruption` whose ``id`` is stable: it is derived from the task and from
+  the interrupt's key (``interrupt(value, key="address")``, or the call's position in the node
+  when no key is given).
+- ``Command(resume=answer)`` (one pending interrupt) or ``Command(resume={id: answer, ...})``
+  answers. The answers are saved with the task before anything runs, then the interrupted node
+  runs again **from its top**; each ``interrupt()`` call that has an answer returns it instead of
+  pausing. Code before ``interrupt()`` therefore runs again — wrap side effects in
+  ``ctx.effect(name, fn)`` so they happen once.
+- Answers are matched by id, never by position among pending interrupts. Unknown or already
+  answered ids raise :class:`~graphexec.errors.InvalidResumeError`; so does a resume of a thread
+  with nothing pending.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from graphexec._types import Interruption
+from graphexec.errors import GraphExecError, GraphInterrupt, InvalidResumeError
+
+if TYPE_CHECKING:
+    from graphexec._graph import CompiledGraph
+
+__all__ = ["Answer", "RunState", "TaskScope", "interrupt", "interrupt_id"]
+
+_FORMAT = "graphexec.RunState/1"
+INTERRUPT_PREFIX = "intr-"
+
+Decision = Literal["resume", "approve", "reject", "continue"]
+
+
+def interrupt_id(ns: str, task_id: str, key: str) -> str:
+    """The stable id of an interrupt: task + key (+ namespace)."""
+    digest = hashlib.sha256(f"{ns}\x00{task_id}\x00{key}".encode()).hexdigest()[:24]
+    return INTERRUPT_PREFIX + digest
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A human's answer to one interrupt, as recorded with the task and in metadata.
+
+    Attributes:
+        decision: ``resume`` (a value for ``interrupt()``), ``approve`` / ``reject`` (an
+            approval), or ``continue`` (past a breakpoint).
+        value: The resume value.
+        edited: For ``approve``: state values to apply before the node runs.
+        reason: For ``reject``: why.
+        by: Who decided (free text, e.g. a user id).
+        at: When the answer was given.
+    """
+
+    decision: Decision
+    value: Any = None
+    edited: Mapping[str, Any] | None = None
+    reason: str | None = None
+    by: str | None = None
+    at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def to_data(self) -> dict[str, Any]:
+        """A plain dict (serializable with the graph's serializer)."""
+        return {
+            "decision": self.decision,
+            "value": self.value,
+            "edited": None if self.edited is None else dict(self.edited),
+            "reason": self.reason,
+            "by": self.by,
+            "at": self.at,
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Answer:
+        """Inverse of :meth:`to_data`."""
+        return cls(
+            decision=data["decision"],
+            value=data.get("value"),
+            edited=data.get("edited"),
+            reason=data.get("reason"),
+            by=data.get("by"),
+            at=data["at"],
+        )
+
+
+@dataclass(slots=True)
+class TaskScope:
+    """What ``interrupt()`` needs to know about the task it is called in."""
+
+    ns: str
+    task_id: str
+    node: str
+    answers: Mapping[str, Answer]
+    calls: int = 0
+
+
+current_scope: contextvars.ContextVar[TaskScope | None] = contextvars.ContextVar(
+    "graphexec_task_scope", default=None
+)
+
+
+def interrupt(value: Any, *, key: str | None = None) -> Any:
+    """Pause the running node and ask a human; return their answer once resumed.
+
+    Args:
+        value: What to show the human (a question, a draft, a form). Must be serializable.
+        key: A name for this interrupt within the node. Give one when a node interrupts more
+            than once along paths that may change between runs, so answers stay attached to the
+            right question; by default the call's position in the node is used.
+
+    Returns:
+        The answer given with ``Command(resume=...)`` or ``RunState.resume(...)``.
+
+    Raises:
+        GraphExecError: when called outside a running node.
+    """
+    scope = current_scope.get()
+    if scope is None:
+        raise GraphExecError("interrupt() can only be called inside a node while a graph runs")
+    name = key if key is not None else f"#{scope.calls}"
+    scope.calls += 1
+    iid = interrupt_id(scope.ns, scope.task_id, name)
+    answer = scope.answers.get(iid)
+    if answer is not None:
+        return answer.value
+    raise GraphInterrupt([Interruption(iid, scope.node, "input", value, datetime.now(UTC))])
+
+
+def to_answer(kind: str, raw: Any) -> Answer:
+    """Turn a user's ``Command(resume=...)`` value into an :class:`Answer` for ``kind``."""
+    if isinstance(raw, Answer):
+        return raw
+    if kind == "approval":
+        if raw is True:
+            return Answer("approve")
+        if raw is False:
+            return Answer("reject")
+        if isinstance(raw, Mapping) and raw.get("decision") in ("approve", "reject"):
+            return Answer(
+                raw["decision"],
+                edited=raw.get("edited"),
+                reason=raw.get("reason"),
+                by=raw.get("by"),
+            )
+        raise InvalidResumeError(
+            f"an approval is answered with True (approve), False (reject) or "
+            f"{{'decision': 'approve'|'reject', ...}}, not {raw!r}; or use RunState.approve()",
+            thread_id=None,
+        )
+    if kind == "breakpoint":
+        return Answer("continue", value=raw)
+    return Answer("resume", value=raw)
+
+
+# -- JSON encoding of values in a RunState -----------------------------------------------------
+
+
+def _plain(value: Any) -> bool:
+    if value is None or type(value) in (str, int, bool):
+        return True
+    if type(value) is float:
+        return value == value and value not in (float("inf"), float("-inf"))
+    if type(value) is list:
+        return all(_plain(v) for v in value)
+    if type(value) is dict:
+        return "$msgpack" not in value and all(
+            type(k) is str and _plain(v) for k, v in value.items()
+        )
+    return False
+
+
+def _encode(graph: CompiledGraph[Any], value: Any) -> Any:
+    if _plain(value):
+        return value
+    blob = graph.serde.dumps(value, channel="RunState")
+    return {"$msgpack": base64.b64encode(blob).decode()}
+
+
+def _decode(graph: CompiledGraph[Any], value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"$msgpack"}:
+        return graph.serde.loads(base64.b64decode(value["$msgpack"]), channel="RunState")
+    return value
+
+
+def _sign(key: str | bytes, body: Mapping[str, Any]) -> str:
+    raw = key.encode() if isinstance(key, str) else key
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hmac.new(raw, canonical.encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(slots=True)
+class RunState:
+    """A paused run, portable across processes: inspect it, decide, serialize, continue.
+
+    Get one with ``result.to_state()`` (or ``RunState.from_json(text, graph)``), record
+    decisions with :meth:`approve`, :meth:`reject` and :meth:`resume`, then continue with
+    ``graph.run(state)``. Decisions, who made them and when are recorded in the checkpoint
+    metadata (``metadata["decisions"]``). A state is refused if it belongs to another graph or
+    thread, or if the thread moved on since it was taken.
+
+    Attributes:
+        thread_id: The paused thread.
+        checkpoint_id: The thread's head when the state was taken.
+        graph_name: Name of the graph that produced it.
+        graph_version: Its version fingerprint.
+        interruptions: Every interrupt pending when the state was taken.
+        answers: Decisions recorded so far, by interruption id.
+    """
+
+    thread_id: str
+    checkpoint_id: str
+    graph_name: str
+    graph_version: str
+    interruptions: tuple[Interruption, ...]
+    answers: dict[str, Answer] = field(default_factory=dict)
+    _graph: CompiledGraph[Any] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def pending(self) -> tuple[Interruption, ...]:
+        """Interruptions without a decision yet."""
+        return tuple(i for i in self.interruptions if i.id not in self.answers)
+
+    def _find(self, which: Interruption | str | int) -> Interruption:
+        if isinstance(which, Interruption):
+            which = which.id
+        if isinstance(which, int):
+            if not 0 <= which < len(self.interruptions):
+                raise InvalidResumeError(
+                    f"no interruption #{which}: this state has {len(self.interruptions)}",
+                    thread_id=self.thread_id,
+                    pending=[i.id for i in self.pending],
+                )
+            return self.interruptions[which]
+        for i in self.interruptions:
+            if i.id == which:
+                return i
+        raise InvalidResumeError(
+            f"interruption {which!r} is not part of this state of thread {self.thread_id!r}",
+            thread_id=self.thread_id,
+            pending=[i.id for i in self.pending],
+        )
+
+    def _decide(
+        self, which: Interruption | str | int, answer: Answer, kinds: tuple[str, ...]
+    ) -> RunState:
+        target = self._find(which)
+        if target.kind not in kinds:
+            verb = {"approve": "approve()", "reject": "reject()"}.get(answer.decision, "resume()")
+            raise InvalidResumeError(
+                f"interruption {target.id} of node {target.node!r} is a {target.kind!r} "
+                f"interrupt; {verb} does not apply to it",
+                thread_id=self.thread_id,
+                pending=[i.id for i in self.pending],
+            )
+        self.answers[target.id] = answer
+        return self
+
+    def approve(
+        self,
+        which: Interruption | str | int,
+        *,
+        edited: Mapping[str, Any] | None = None,
+        by: str | None = None,
+    ) -> RunState:
+        """Approve an approval (or release a breakpoint); ``edited`` values apply first.
+
+        Args:
+            which: The interruption, its id, or its index in :attr:`interruptions`.
+            edited: State values to apply (through the reducers) before the node runs.
+            by: Who approved.
+        """
+        target = self._find(which)
+        if target.kind == "breakpoint":
+            return self._decide(which, Answer("continue", by=by), ("breakpoint",))
+        return self._decide(which, Answer("approve", edited=edited, by=by), ("approval",))
+
+    def reject(
+        self, which: Interruption | str | int, *, reason: str | None = None, by: str | None = None
+    ) -> RunState:
+        """Reject an approval: the node is skipped and the run follows its ``on_reject``."""
+        return self._decide(which, Answer("reject", reason=reason, by=by), ("approval",))
+
+    def resume(
+        self, which: Interruption | str | int, value: Any, *, by: str | None = None
+    ) -> RunState:
+        """Answer an ``interrupt()``: the node's ``interrupt`` call returns ``value``."""
+        return self._decide(which, Answer("resume", value=value, by=by), ("input", "breakpoint"))
+
+    # -- serialization ------------------------------------------------------------------------
+
+    def to_json(
+        self, graph: CompiledGraph[Any] | None = None, *, key: str | bytes | None = None
+    ) -> str:
+        """Serialize to JSON text; with ``key``, sign it (HMAC-SHA256).
+
+        Values that JSON cannot hold exactly (datetimes, tuples, models ...) are embedded as
+        msgpack from the graph's closed-registry serializer, so ``graph`` is needed for them
+        (``result.to_state()`` remembers its graph).
+        """
+        g = graph if graph is not None else self._graph
+        if g is None:
+            raise GraphExecError("pass the graph: state.to_json(graph)")
+        body: dict[str, Any] = {
+            "format": _FORMAT,
+            "graph": self.graph_name,
+            "graph_version": self.graph_version,
+            "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id,
+            "interruptions": [
+                {
+                    "id": i.id,
+                    "node": i.node,
+                    "kind": i.kind,
+                    "value": _encode(g, i.value),
+                    "created_at": i.created_at.isoformat(),
+                }
+                for i in self.interruptions
+            ],
+            "answers": {
+                iid: {
+                    "decision": a.decision,
+                    "value": _encode(g, a.value),
+                    "edited": _encode(g, None if a.edited is None else dict(a.edited)),
+                    "reason": a.reason,
+                    "by": a.by,
+                    "at": a.at.isoformat(),
+                }
+                for iid, a in self.answers.items()
+            },
+        }
+        doc = {"body": body}
+        if key is not None:
+            doc["signature"] = _sign(key, body)  # type: ignore[assignment]
+        return json.dumps(doc, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(
+        cls, text: str, graph: CompiledGraph[Any], *, key: str | bytes | None = None
+    ) -> RunState:
+        """Load a state written by :meth:`to_json`, for ``graph``.
+
+        Raises:
+            InvalidResumeError: the text is not a RunState, was made by another graph (name
+                or version differ), is signed but no ``key`` was given, is unsigned although a
+                ``key`` was given, or its signature does not match (it was tampered with).
+        """
+        try:
+            doc = json.loads(text)
+            body = doc["body"]
+            fmt = body["format"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise InvalidResumeError(f"not a RunState JSON document: {e}", thread_id=None) from e
+        thread = body.get("thread_id")
+        if fmt != _FORMAT:
+            raise InvalidResumeError(f"unsupported RunState format {fmt!r}", thread_id=thread)
+        signature = doc.get("signature")
+        if key is not None:
+            if signature is None:
+                raise InvalidResumeError(
+                    "this RunState is not signed but a key was given; refusing unsigned state",
+                    thread_id=thread,
+                )
+            if not hmac.compare_digest(str(signature), _sign(key, body)):
+                raise InvalidResumeError(
+                    "RunState signature does not match: it was modified or signed with another key",
+                    thread_id=thread,
+                )
+        elif signature is not None:
+            raise InvalidResumeError(
+                "this RunState is signed; pass key= to verify it", thread_id=thread
+            )
+        if body["graph"] != graph.name or body["graph_version"] != graph.version:
+            raise InvalidResumeError(
+                f"this RunState belongs to graph {body['graph']!r} version "
+                f"{body['graph_version']}, not to {graph.name!r} version {graph.version}",
+                thread_id=thread,
+            )
+        try:
+            interruptions = tuple(
+                Interruption(
+                    i["id"],
+                    i["node"],
+                    i["kind"],
+                    _decode(graph, i["value"]),
+                    datetime.fromisoformat(i["created_at"]),
+                )
+                for i in body["interruptions"]
+            )
+            answers = {
+                iid: Answer(
+                    a["decision"],
+                    value=_decode(graph, a["value"]),
+                    edited=_decode(graph, a["edited"]),
+                    reason=a["reason"],
+                    by=a["by"],
+                    at=datetime.fromisoformat(a["at"]),
+                )
+                for iid, a in body["answers"].items()
+            }
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidResumeError(f"malformed RunState: {e}", thread_id=thread) from e
+        state = cls(
+            thread_id=body["thread_id"],
+            checkpoint_id=body["checkpoint_id"],
+            graph_name=body["graph"],
+            graph_version=body["graph_version"],
+            interruptions=interruptions,
+            answers=answers,
+            _graph=graph,
+        )
+        return state

@@ -1,0 +1,191 @@
+"""Small records the executor passes around, stream emission, and the durability committer."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphexec._hitl import Answer
+from graphexec._types import Durability, Interruption, Send
+
+__all__ = [
+    "AFTER",
+    "ATTEMPT",
+    "EFFECT",
+    "INTERRUPT",
+    "RESUME",
+    "ROUTE",
+    "UPDATES",
+    "Committer",
+    "Emitter",
+    "Frontier",
+    "Outcome",
+    "Task",
+    "TaskRecord",
+    "task_id_for",
+]
+
+# Engine channels of pending writes. State keys may not start with "__", so these never clash.
+UPDATES = "__updates__"
+"""A finished task's state writes: ``[[channel, blob], ...]``."""
+ROUTE = "__route__"
+"""A finished task's routing decision; its presence marks the task as finished."""
+ATTEMPT = "__attempt__"
+"""Failed attempts so far (retry policy), so backoff continues after a crash."""
+INTERRUPT = "__interrupt__"
+"""The interrupts a task is waiting on."""
+RESUME = "__resume__"
+"""Answers recorded for a task's interrupts."""
+EFFECT = "__effect__:"
+"""Prefix of ``ctx.effect`` results, followed by the effect's name."""
+AFTER = "__after__"
+"""Pseudo task id holding an ``interrupt_after`` breakpoint of a committed step."""
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One node execution in a superstep."""
+
+    node: str
+    push: bool
+    index: int
+    arg: Any
+    task_id: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a task produced: state writes (in order), where to go next, or why it stopped."""
+
+    task: Task
+    writes: list[tuple[str, Any, bytes | None]]
+    routes: list[str | Send]
+    error: BaseException | None = None
+    saved: bool = False
+    interrupts: list[Interruption] = field(default_factory=list)
+    follow_edges: bool = True
+    rejected: bool = False
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """What storage holds for a task of the current step (after a crash or an interrupt)."""
+
+    done: Outcome | None = None
+    interrupts: list[Interruption] = field(default_factory=list)
+    answers: dict[str, Answer] = field(default_factory=dict)
+    answer_info: dict[str, tuple[str, str]] = field(default_factory=dict)
+    effects: dict[str, bytes] = field(default_factory=dict)
+    attempts: int = 0
+
+    def unanswered(self) -> list[Interruption]:
+        """Interrupts of this task still waiting for an answer."""
+        return [i for i in self.interrupts if i.id not in self.answers]
+
+
+@dataclass(slots=True)
+class Frontier:
+    """The tasks of the next superstep and the state of join barriers."""
+
+    tasks: list[Task] = field(default_factory=list)
+    barriers: dict[int, list[str]] = field(default_factory=dict)
+
+
+def task_id_for(ns: str, checkpoint_id: str, node: str, push: bool, index: int) -> str:
+    """Deterministic task id: the same task of the same checkpoint always gets the same id."""
+    raw = f"{ns}\x00{checkpoint_id}\x00{node}\x00{int(push)}\x00{index}".encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+class Emitter:
+    """Routes stream parts to a queue, for the modes a consumer asked for."""
+
+    def __init__(self, modes: frozenset[str], queue: asyncio.Queue[Any] | None) -> None:
+        self.modes = modes
+        self.queue = queue
+        self.loop = asyncio.get_running_loop() if queue is not None else None
+
+    def emit(self, mode: str, payload: Any) -> None:
+        """Queue a part (from the event loop's thread)."""
+        if self.queue is not None and mode in self.modes:
+            self.queue.put_nowait((mode, payload))
+
+    def emit_threadsafe(self, mode: str, payload: Any) -> None:
+        """Queue a part from any thread (sync nodes run in worker threads)."""
+        if self.queue is None or self.loop is None or mode not in self.modes:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            self.queue.put_nowait((mode, payload))
+        else:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (mode, payload))
+
+
+class Committer:
+    """Applies the durability mode to storage calls.
+
+    ``sync`` awaits each call; ``async`` runs calls in order in one background task so the next
+    step overlaps the commit, and re-raises a failed commit at the next submit, drain or flush.
+    """
+
+    def __init__(self, durability: Durability) -> None:
+        self.durability = durability
+        self._queue: asyncio.Queue[Callable[[], Any] | None] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+
+    async def submit(self, call: Callable[[], Any]) -> None:
+        """Run ``call`` now (sync/exit) or queue it behind earlier ones (async)."""
+        if self.durability != "async":
+            await call()
+            return
+        self._raise_pending()
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._worker = asyncio.create_task(self._work())
+        self._queue.put_nowait(call)
+
+    async def _work(self) -> None:
+        assert self._queue is not None
+        while True:
+            call = await self._queue.get()
+            try:
+                if call is None:
+                    return
+                if self._error is None:
+                    await call()
+            except Exception as e:
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    async def drain(self) -> None:
+        """Wait until everything queued so far is stored."""
+        if self._queue is not None:
+            await asyncio.shield(self._queue.join())
+        self._raise_pending()
+
+    async def flush(self) -> None:
+        """Store everything queued and stop the background task."""
+        if self._queue is not None and self._worker is not None:
+            self._queue.put_nowait(None)
+            await asyncio.shield(self._worker)
+            self._queue = None
+            self._worker = None
+        self._raise_pending()
+
+    def abandon(self) -> None:
+        """Stop without storing what is still queued (the run was cancelled)."""
+        if self._worker is not None:
+            self._worker.cancel()
