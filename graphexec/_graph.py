@@ -44,6 +44,7 @@ from graphexec.errors import (
     NodeTimeoutError,
     NotSupportedError,
     RecursionLimitError,
+    SerializationError,
     ThreadBusyError,
     ThreadInterruptedError,
     ThreadNotFoundError,
@@ -290,6 +291,7 @@ class CompiledGraph(Generic[StateT]):
                         thread_id=thread_id,
                     )
                 answers = self._match_answers(thread_id, pending, input.resume)
+                self._check_edits(thread_id, pending, answers)
                 run.check_version()
                 await run.record_answers(answers)
                 await run.loop()
@@ -379,6 +381,27 @@ class CompiledGraph(Generic[StateT]):
                 pending=ids,
             )
         return {pending[0].id: to_answer(pending[0].kind, resume)}
+
+    def _check_edits(
+        self, thread_id: str | None, pending: Sequence[Interruption], answers: Mapping[str, Answer]
+    ) -> None:
+        """Refuse approval edits the schema would refuse, before anything is recorded."""
+        nodes = {i.id: i.node for i in pending}
+        for iid, answer in answers.items():
+            if not answer.edited:
+                continue
+            node = nodes[iid]
+            try:
+                items = self.spec.schema.coerce_update(node, answer.edited)
+                for ch, value in items.items():
+                    self.serde.dumps(value, channel=ch)
+            except (InvalidUpdateError, SerializationError) as e:
+                raise InvalidResumeError(
+                    f"the edits approved for node {node!r} are refused: {e}; nothing was "
+                    "recorded, approve again with valid values",
+                    thread_id=thread_id,
+                    pending=[i.id for i in pending],
+                ) from e
 
     def _check_run_state(
         self, state: RunState, thread_id: str | None, tup: CheckpointTuple | None

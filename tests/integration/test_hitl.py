@@ -291,6 +291,21 @@ async def test_approval_preview_approve_with_edit_and_decision_record(
     assert d["edited"] == {"amount": 30} and d["at"] is not None
 
 
+async def test_invalid_edits_are_refused_before_anything_is_recorded(
+    store: BaseCheckpointer,
+) -> None:
+    g = approval_graph(store)
+    r = await g.arun({"log": []}, thread_id="t")
+    with pytest.raises(InvalidResumeError, match="refused"):
+        await g.arun(r.to_state().approve(0, edited={"amount": "lots"}))
+    with pytest.raises(InvalidResumeError, match="refused"):
+        await g.arun(r.to_state().approve(0, edited={"nope": 1}))
+    state = await g.aget_state("t")
+    assert state is not None and [i.kind for i in state.interruptions] == ["approval"]
+    done = await g.arun(r.to_state().approve(0, edited={"amount": 7}))
+    assert done.values["log"] == ["drafted", "refunded 7", "closed"]
+
+
 async def test_reject_default_ends_the_run_as_rejected(store: BaseCheckpointer) -> None:
     g = approval_graph(store)
     r = await g.arun({"log": []}, thread_id="t")
