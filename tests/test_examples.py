@@ -51,6 +51,15 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "prune(keep_last=3) deleted",
         "3 remain on the current branch",
     ),
+    "05_human_approval.py": (
+        "paused at 'crm'",
+        "a tampered state is refused: RunState signature does not match",
+        "pending: approval of 'crm'",
+        "approved; crm now asks: note to attach to CASE-1?",
+        "crm case CASE-1 (high): customer called back",
+        "approval -> approve by alice, edited {'priority': 'high'}",
+        "CRM cases opened: 1 (priority high)",
+    ),
 }
 
 

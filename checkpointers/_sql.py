@@ -1,0 +1,823 @@
+"""SQL shared by the durable checkpointers: schema migrations, queries and row mapping.
+
+The backends (``sqlite.py`` now, ``postgres.py`` later) only do I/O; everything that decides
+what is stored where lives here.
+
+Schema (every name is prefixed ``graphexec_`` so the tables can share a file with memory stores):
+
+``graphexec_migrations``
+    One row per applied migration; its ``version`` is the index into :data:`MIGRATIONS`.
+``graphexec_checkpoints``
+    One row per checkpoint. ``cp_seq`` is a surrogate key that is never reused, so the child
+    tables reference an integer instead of repeating ``(thread_id, checkpoint_ns,
+    checkpoint_id)``. ``frontier`` and ``metadata`` are blobs (encrypted when encryption is on);
+    ``next_nodes`` is a JSON array kept readable for listings; ``created_at`` is microseconds
+    since the Unix epoch (UTC).
+``graphexec_channels``
+    What a checkpoint stores per channel: one row per channel for its deltas (``role='d'``,
+    ``op`` ``set`` -- the value -- or ``fold`` -- the msgpack list of updates) and, when the
+    checkpoint carries a snapshot, one row per channel of it (``role='s'``, ``op`` ``set``, or
+    ``same`` when the snapshot value is byte-identical to the ``set`` delta of the same
+    checkpoint, which is then stored once). With encryption on, every blob is bound to its
+    row -- thread, namespace, checkpoint, role, channel and op -- and the metadata blob also
+    to the row's structural columns and its list of channel rows (see :meth:`RowCodec.encode`).
+``graphexec_heads``
+    The head of each ``(thread_id, checkpoint_ns)``; the compare-and-set target of ``put``.
+``graphexec_writes``
+    Pending writes of the step after a checkpoint, keyed ``(cp_seq, task_id, channel)``;
+    ``seq`` keeps insertion order (an upsert keeps the original position).
+``graphexec_leases``
+    One row per thread ever leased. Releasing sets ``owner`` to NULL but keeps ``epoch``, so
+    epochs only ever increase, across processes and thread deletions.
+``graphexec_threads``
+    Per-thread retention: ``ttl`` seconds after ``touched_at`` (the last commit) the thread
+    expires; ``expires_at`` is materialised so the expiry sweep is an index range scan.
+
+Portability: migrations are templates whose few type names differ per :class:`Dialect`; queries
+use named parameters (``:name``), which a psycopg backend rewrites to ``%(name)s``. Union queries
+keep one type per column position so PostgreSQL accepts them.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import msgpack  # type: ignore[import-untyped]
+
+from checkpointers._crypto import Encryption, blob_context, looks_encrypted
+from graphexec._checkpoint import ChannelDelta, Checkpoint, PendingWrite
+from graphexec._serde import default_serializer
+from graphexec.errors import CheckpointError, DeserializationError
+
+__all__ = [
+    "MIGRATIONS",
+    "POSTGRES",
+    "SQLITE",
+    "VERSION_TABLE",
+    "BlobCodec",
+    "ChannelRow",
+    "Dialect",
+    "RowCodec",
+    "from_micros",
+    "json_tuple",
+    "lease_row",
+    "migrations",
+    "to_micros",
+]
+
+
+# -- dialects and migrations --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """The few type names that differ between SQL backends.
+
+    Attributes:
+        name: ``"sqlite"`` or ``"postgres"``.
+        blob: Binary column type.
+        bigint: 64-bit integer type.
+        double: Floating point type.
+        serial_pk: An auto-incrementing integer primary key whose values are never reused.
+        without_rowid: Table suffix for small keyed tables (SQLite stores them in the key's
+            b-tree, saving an index); empty elsewhere.
+    """
+
+    name: str
+    blob: str
+    bigint: str
+    double: str
+    serial_pk: str
+    without_rowid: str
+
+
+SQLITE = Dialect(
+    name="sqlite",
+    blob="BLOB",
+    bigint="INTEGER",
+    double="REAL",
+    serial_pk="INTEGER PRIMARY KEY AUTOINCREMENT",
+    without_rowid=" WITHOUT ROWID",
+)
+POSTGRES = Dialect(
+    name="postgres",
+    blob="BYTEA",
+    bigint="BIGINT",
+    double="DOUBLE PRECISION",
+    serial_pk="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    without_rowid="",
+)
+
+MIGRATIONS: tuple[str, ...] = (
+    # 0: the version table itself (created before anything is read from it)
+    """CREATE TABLE IF NOT EXISTS graphexec_migrations (
+        version INTEGER PRIMARY KEY,
+        applied_at {double} NOT NULL
+    )""",
+    # 1
+    """CREATE TABLE graphexec_checkpoints (
+        cp_seq {serial_pk},
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        parent_id TEXT,
+        step INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        created_at {bigint} NOT NULL,
+        graph_version TEXT NOT NULL,
+        next_nodes TEXT NOT NULL,
+        frontier {blob} NOT NULL,
+        metadata {blob} NOT NULL,
+        delta_depth INTEGER NOT NULL,
+        delta_bytes {bigint} NOT NULL,
+        snapshot_bytes {bigint} NOT NULL,
+        has_snapshot INTEGER NOT NULL
+    )""",
+    # 2: lookups by id, parent walks (get, list, prune), per-thread scans (delete, tips, count)
+    """CREATE UNIQUE INDEX graphexec_checkpoints_by_id
+        ON graphexec_checkpoints (thread_id, checkpoint_ns, checkpoint_id)""",
+    # 3
+    """CREATE TABLE graphexec_channels (
+        cp_seq {bigint} NOT NULL,
+        role TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        op TEXT NOT NULL,
+        data {blob}
+    )""",
+    # 4
+    """CREATE UNIQUE INDEX graphexec_channels_by_checkpoint
+        ON graphexec_channels (cp_seq, role, channel)""",
+    # 5
+    """CREATE TABLE graphexec_heads (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        head_id TEXT NOT NULL,
+        head_seq {bigint} NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns)
+    ){without_rowid}""",
+    # 6
+    """CREATE TABLE graphexec_writes (
+        seq {serial_pk},
+        cp_seq {bigint} NOT NULL,
+        task_id TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        data {blob} NOT NULL
+    )""",
+    # 7
+    """CREATE UNIQUE INDEX graphexec_writes_by_task
+        ON graphexec_writes (cp_seq, task_id, channel)""",
+    # 8
+    """CREATE TABLE graphexec_leases (
+        thread_id TEXT PRIMARY KEY,
+        owner TEXT,
+        epoch {bigint} NOT NULL,
+        expires_at {double} NOT NULL
+    ){without_rowid}""",
+    # 9
+    """CREATE TABLE graphexec_threads (
+        thread_id TEXT PRIMARY KEY,
+        ttl {double},
+        touched_at {double} NOT NULL,
+        expires_at {double}
+    ){without_rowid}""",
+    # 10
+    """CREATE INDEX graphexec_threads_by_expiry ON graphexec_threads (expires_at)""",
+)
+"""Schema migrations in order; a database at version ``v`` has applied ``MIGRATIONS[:v + 1]``.
+
+Append only: never edit or reorder a released entry. Each entry is a single statement, so a
+backend can run the pending ones inside one transaction with its plain ``execute``.
+"""
+
+
+def migrations(dialect: Dialect) -> list[str]:
+    """:data:`MIGRATIONS` with ``dialect``'s type names filled in."""
+    names = {
+        "blob": dialect.blob,
+        "bigint": dialect.bigint,
+        "double": dialect.double,
+        "serial_pk": dialect.serial_pk,
+        "without_rowid": dialect.without_rowid,
+    }
+    return [m.format(**names) for m in MIGRATIONS]
+
+
+VERSION_TABLE = "graphexec_migrations"
+"""Created by ``MIGRATIONS[0]``; one ``(version, applied_at)`` row per applied migration."""
+
+# -- queries -------------------------------------------------------------------------------------
+#
+# Reads that return checkpoints are single statements: the checkpoint rows ('c'), their channel
+# rows ('b') and, for get, the pending writes ('w'), as one UNION ALL with a fixed column layout
+# (see _ROW). One statement is one consistent snapshot and one round trip.
+#
+#   kind  seq     pos    t1             t2         t3      t4             t5          b1
+#   'c'   cp_seq  order  checkpoint_id  parent_id  source  graph_version  next_nodes  frontier
+#   'b'   cp_seq  0      role           channel    op      NULL           NULL        data
+#   'w'   seq     0      task_id        channel    NULL    NULL           NULL        data
+#
+#   b2        i1    i2          i3           i4           i5              i6            t6
+#   metadata  step  created_at  delta_depth  delta_bytes  snapshot_bytes  has_snapshot  head_id
+#   NULL ...
+
+_CP_COLUMNS = """c.checkpoint_id, c.parent_id, c.source, c.graph_version, c.next_nodes,
+        c.frontier, c.metadata, c.step, c.created_at, c.delta_depth, c.delta_bytes,
+        c.snapshot_bytes, c.has_snapshot"""
+_NULL_CP_COLUMNS = "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+_HEAD_OF_NS = """(SELECT h.head_id FROM graphexec_heads AS h
+        WHERE h.thread_id = :thread_id AND h.checkpoint_ns = :checkpoint_ns)"""
+
+
+def _checkpoint_rows(cte: str, source: str, *, with_writes: bool) -> str:
+    """A UNION ALL over the checkpoints named by ``source`` (a CTE with ``seq`` and ``pos``)."""
+    writes = f"""
+    UNION ALL
+    SELECT 'w', w.seq, 0, w.task_id, w.channel, NULL, NULL, NULL, w.data, {_NULL_CP_COLUMNS}
+    FROM {source} AS s JOIN graphexec_writes AS w ON w.cp_seq = s.seq
+    WHERE s.pos = 0"""
+    return f"""{cte}
+    SELECT 'c', s.seq, s.pos, {_CP_COLUMNS}, {_HEAD_OF_NS}
+    FROM {source} AS s JOIN graphexec_checkpoints AS c ON c.cp_seq = s.seq
+    UNION ALL
+    SELECT 'b', s.seq, 0, b.role, b.channel, b.op, NULL, NULL, b.data, {_NULL_CP_COLUMNS}
+    FROM {source} AS s JOIN graphexec_channels AS b ON b.cp_seq = s.seq{
+        writes if with_writes else ""
+    }"""
+
+
+GET_CHECKPOINT = _checkpoint_rows(
+    f"""WITH RECURSIVE chain(seq, parent_id, has_snapshot, pos) AS (
+        SELECT c.cp_seq, c.parent_id, c.has_snapshot, 0
+        FROM graphexec_checkpoints AS c
+        WHERE c.thread_id = :thread_id AND c.checkpoint_ns = :checkpoint_ns
+          AND c.checkpoint_id = coalesce(:checkpoint_id, {_HEAD_OF_NS})
+        UNION ALL
+        SELECT p.cp_seq, p.parent_id, p.has_snapshot, chain.pos + 1
+        FROM chain JOIN graphexec_checkpoints AS p
+          ON p.thread_id = :thread_id AND p.checkpoint_ns = :checkpoint_ns
+         AND p.checkpoint_id = chain.parent_id
+        WHERE chain.has_snapshot = 0
+    )""",
+    "chain",
+    with_writes=True,
+)
+"""A checkpoint (``pos`` 0), its ancestors back to the nearest snapshot, and its writes."""
+
+LIST_CHECKPOINTS = _checkpoint_rows(
+    f"""WITH RECURSIVE walk(seq, parent_id, pos) AS (
+        SELECT c.cp_seq, c.parent_id, 0
+        FROM graphexec_checkpoints AS c
+        WHERE c.thread_id = :thread_id AND c.checkpoint_ns = :checkpoint_ns
+          AND c.checkpoint_id = (CASE WHEN :before IS NULL THEN {_HEAD_OF_NS}
+              ELSE (SELECT b.parent_id FROM graphexec_checkpoints AS b
+                    WHERE b.thread_id = :thread_id AND b.checkpoint_ns = :checkpoint_ns
+                      AND b.checkpoint_id = :before) END)
+        UNION ALL
+        SELECT p.cp_seq, p.parent_id, walk.pos + 1
+        FROM walk JOIN graphexec_checkpoints AS p
+          ON p.thread_id = :thread_id AND p.checkpoint_ns = :checkpoint_ns
+         AND p.checkpoint_id = walk.parent_id
+        WHERE walk.pos + 1 < :limit
+    )""",
+    "walk",
+    with_writes=False,
+)
+"""The current branch from the head (or from ``before``'s parent), newest first by ``pos``."""
+
+LIST_TIPS = _checkpoint_rows(
+    """WITH tips(seq, pos) AS (
+        SELECT c.cp_seq, 1
+        FROM graphexec_checkpoints AS c
+        WHERE c.thread_id = :thread_id AND c.checkpoint_ns = :checkpoint_ns
+          AND c.checkpoint_id NOT IN (
+              SELECT k.parent_id FROM graphexec_checkpoints AS k
+              WHERE k.thread_id = :thread_id AND k.checkpoint_ns = :checkpoint_ns
+                AND k.parent_id IS NOT NULL)
+    )""",
+    "tips",
+    with_writes=False,
+)
+"""Checkpoints without children (``NOT IN`` builds one temporary index: O(n log n))."""
+
+LIST_THREADS = """SELECT h.thread_id, h.head_id, c.step, c.created_at, c.next_nodes,
+        (SELECT count(*) FROM graphexec_checkpoints AS k
+         WHERE k.thread_id = h.thread_id AND k.checkpoint_ns = '')
+    FROM graphexec_heads AS h JOIN graphexec_checkpoints AS c ON c.cp_seq = h.head_seq
+    WHERE h.checkpoint_ns = ''
+    ORDER BY c.created_at DESC, h.thread_id DESC"""
+
+PUT_CHECK = f"""SELECT {_HEAD_OF_NS}, l.owner, l.epoch, l.expires_at,
+        (SELECT c.cp_seq FROM graphexec_checkpoints AS c
+         WHERE c.thread_id = :thread_id AND c.checkpoint_ns = :checkpoint_ns
+           AND c.checkpoint_id = :checkpoint_id),
+        p.cp_seq,
+        (SELECT count(*) FROM graphexec_writes AS w WHERE w.cp_seq = p.cp_seq),
+        t.thread_id, t.ttl
+    FROM (SELECT :thread_id AS thread_id) AS k
+    LEFT JOIN graphexec_leases AS l ON l.thread_id = k.thread_id
+    LEFT JOIN graphexec_threads AS t ON t.thread_id = k.thread_id
+    LEFT JOIN graphexec_checkpoints AS p
+      ON p.thread_id = :thread_id AND p.checkpoint_ns = :checkpoint_ns
+     AND p.checkpoint_id = :parent_id"""
+"""Everything ``put`` checks, in one read: head, lease, duplicate id, parent, thread TTL."""
+
+INSERT_CHECKPOINT = """INSERT INTO graphexec_checkpoints (
+        thread_id, checkpoint_ns, checkpoint_id, parent_id, step, source, created_at,
+        graph_version, next_nodes, frontier, metadata, delta_depth, delta_bytes,
+        snapshot_bytes, has_snapshot)
+    VALUES (:thread_id, :checkpoint_ns, :checkpoint_id, :parent_id, :step, :source, :created_at,
+        :graph_version, :next_nodes, :frontier, :metadata, :delta_depth, :delta_bytes,
+        :snapshot_bytes, :has_snapshot)
+    RETURNING cp_seq"""
+
+INSERT_CHANNEL = """INSERT INTO graphexec_channels (cp_seq, role, channel, op, data)
+    VALUES (:cp_seq, :role, :channel, :op, :data)"""
+
+MOVE_HEAD = """INSERT INTO graphexec_heads (thread_id, checkpoint_ns, head_id, head_seq)
+    VALUES (:thread_id, :checkpoint_ns, :checkpoint_id, :cp_seq)
+    ON CONFLICT (thread_id, checkpoint_ns)
+    DO UPDATE SET head_id = excluded.head_id, head_seq = excluded.head_seq"""
+
+DELETE_WRITES_OF = "DELETE FROM graphexec_writes WHERE cp_seq = :cp_seq"
+
+WRITES_CHECK = """SELECT l.owner, l.epoch, l.expires_at,
+        (SELECT c.cp_seq FROM graphexec_checkpoints AS c
+         WHERE c.thread_id = :thread_id AND c.checkpoint_ns = :checkpoint_ns
+           AND c.checkpoint_id = :checkpoint_id)
+    FROM (SELECT :thread_id AS thread_id) AS k
+    LEFT JOIN graphexec_leases AS l ON l.thread_id = k.thread_id"""
+
+UPSERT_WRITE = """INSERT INTO graphexec_writes (cp_seq, task_id, channel, data)
+    VALUES (:cp_seq, :task_id, :channel, :data)
+    ON CONFLICT (cp_seq, task_id, channel) DO UPDATE SET data = excluded.data"""
+
+# -- leases
+
+GET_LEASE = "SELECT owner, epoch, expires_at FROM graphexec_leases WHERE thread_id = :thread_id"
+SET_LEASE = """INSERT INTO graphexec_leases (thread_id, owner, epoch, expires_at)
+    VALUES (:thread_id, :owner, :epoch, :expires_at)
+    ON CONFLICT (thread_id) DO UPDATE
+    SET owner = excluded.owner, epoch = excluded.epoch, expires_at = excluded.expires_at"""
+RENEW_LEASE = """UPDATE graphexec_leases SET expires_at = :expires_at
+    WHERE thread_id = :thread_id AND epoch = :epoch AND owner IS NOT NULL
+    RETURNING owner"""
+RELEASE_LEASE = """UPDATE graphexec_leases SET owner = NULL, expires_at = 0
+    WHERE thread_id = :thread_id AND epoch = :epoch"""
+
+# -- retention
+
+PRUNE_DOOMED = """WITH RECURSIVE keep(seq, ns, parent_id, has_snapshot, n) AS (
+        SELECT c.cp_seq, c.checkpoint_ns, c.parent_id, c.has_snapshot, 1
+        FROM graphexec_heads AS h JOIN graphexec_checkpoints AS c ON c.cp_seq = h.head_seq
+        WHERE h.thread_id = :thread_id
+        UNION ALL
+        SELECT p.cp_seq, p.checkpoint_ns, p.parent_id, p.has_snapshot, keep.n + 1
+        FROM keep JOIN graphexec_checkpoints AS p
+          ON p.thread_id = :thread_id AND p.checkpoint_ns = keep.ns
+         AND p.checkpoint_id = keep.parent_id
+        WHERE keep.n < :keep_last OR keep.has_snapshot = 0
+    )
+    SELECT c.cp_seq FROM graphexec_checkpoints AS c
+    WHERE c.thread_id = :thread_id AND c.cp_seq NOT IN (SELECT seq FROM keep)"""
+"""Checkpoints ``prune`` deletes: all but the last ``keep_last`` of each namespace's current
+branch and what those need back to a snapshot (the walk goes on past ``keep_last`` only while
+the checkpoint it stands on has no snapshot)."""
+
+REBASE_TARGET = """SELECT cp_seq, metadata, parent_id, step, source, graph_version, next_nodes,
+        created_at, delta_depth, delta_bytes, snapshot_bytes, has_snapshot
+    FROM graphexec_checkpoints
+    WHERE thread_id = :thread_id AND checkpoint_ns = '' AND checkpoint_id = :checkpoint_id"""
+"""The checkpoint prune's rebase gives a snapshot: its metadata and structure (STRUCTURE order)."""
+CHANNEL_MANIFEST = "SELECT role, channel, op FROM graphexec_channels WHERE cp_seq = :cp_seq"
+REBASE = """UPDATE graphexec_checkpoints
+    SET has_snapshot = 1, delta_depth = 0, delta_bytes = 0, snapshot_bytes = :snapshot_bytes,
+        metadata = :metadata
+    WHERE cp_seq = :cp_seq"""
+DELETE_CHANNELS_OF = "DELETE FROM graphexec_channels WHERE cp_seq = :cp_seq"
+DELETE_CHECKPOINT = "DELETE FROM graphexec_checkpoints WHERE cp_seq = :cp_seq"
+
+DELETE_THREAD: tuple[str, ...] = (
+    """DELETE FROM graphexec_channels WHERE cp_seq IN
+        (SELECT cp_seq FROM graphexec_checkpoints WHERE thread_id = :thread_id)""",
+    """DELETE FROM graphexec_writes WHERE cp_seq IN
+        (SELECT cp_seq FROM graphexec_checkpoints WHERE thread_id = :thread_id)""",
+    "DELETE FROM graphexec_checkpoints WHERE thread_id = :thread_id",
+    "DELETE FROM graphexec_heads WHERE thread_id = :thread_id",
+    "DELETE FROM graphexec_threads WHERE thread_id = :thread_id",
+    # the lease row stays (released) so the thread's epochs keep increasing
+    "UPDATE graphexec_leases SET owner = NULL, expires_at = 0 WHERE thread_id = :thread_id",
+)
+"""Everything of one thread, every namespace."""
+
+TOUCH_THREAD = """UPDATE graphexec_threads
+    SET touched_at = :now, expires_at = :now + ttl WHERE thread_id = :thread_id"""
+NEW_THREAD_TTL = """INSERT INTO graphexec_threads (thread_id, ttl, touched_at, expires_at)
+    VALUES (:thread_id, :ttl, :now, :now + :ttl)"""
+LAST_COMMIT = """SELECT max(c.created_at) FROM graphexec_heads AS h
+    JOIN graphexec_checkpoints AS c ON c.cp_seq = h.head_seq WHERE h.thread_id = :thread_id"""
+SET_TTL = """INSERT INTO graphexec_threads (thread_id, ttl, touched_at, expires_at)
+    VALUES (:thread_id, :ttl, :touched_at, :touched_at + :ttl)
+    ON CONFLICT (thread_id) DO UPDATE
+    SET ttl = excluded.ttl, expires_at = graphexec_threads.touched_at + excluded.ttl"""
+EXPIRED_THREADS = """SELECT t.thread_id FROM graphexec_threads AS t
+    LEFT JOIN graphexec_leases AS l ON l.thread_id = t.thread_id
+    WHERE t.expires_at < :now AND (l.owner IS NULL OR l.expires_at <= :now)
+    ORDER BY t.expires_at
+    LIMIT :limit"""
+"""Threads past their TTL that no run currently owns (a live lease postpones expiry)."""
+
+
+# -- row mapping ---------------------------------------------------------------------------------
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+
+def to_micros(value: datetime) -> int:
+    """A datetime as integer microseconds since the epoch (naive values are taken as UTC)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICRO
+
+
+def from_micros(value: int) -> datetime:
+    """Inverse of :func:`to_micros`, in UTC."""
+    return _EPOCH + timedelta(microseconds=value)
+
+
+class BlobCodec(Protocol):
+    """Seals blobs before they are stored and opens them after they are read."""
+
+    def seal(self, data: bytes, context: tuple[Any, ...]) -> bytes:
+        """The bytes to store for ``data`` in the row named by ``context``."""
+        ...
+
+    def open(self, data: bytes, context: tuple[Any, ...], what: Callable[[], str]) -> bytes:
+        """The original bytes of a stored blob (``what()`` names it in errors)."""
+        ...
+
+
+class _Plain:
+    def seal(self, data: bytes, context: tuple[Any, ...]) -> bytes:
+        return data
+
+    def open(self, data: bytes, context: tuple[Any, ...], what: Callable[[], str]) -> bytes:
+        return data
+
+
+class _Sealed:
+    def __init__(self, encryption: Encryption) -> None:
+        self._enc = encryption
+
+    def seal(self, data: bytes, context: tuple[Any, ...]) -> bytes:
+        return self._enc.encrypt(data, context=blob_context(*context))
+
+    def open(self, data: bytes, context: tuple[Any, ...], what: Callable[[], str]) -> bytes:
+        return self._enc.decrypt(data, context=blob_context(*context), what=what())
+
+
+ChannelRow = tuple[str, str, str, bytes]
+"""``(role, channel, op, data)`` of one ``graphexec_channels`` row."""
+
+STRUCTURE = (
+    "parent_id",
+    "step",
+    "source",
+    "graph_version",
+    "next_nodes",
+    "created_at",
+    "delta_depth",
+    "delta_bytes",
+    "snapshot_bytes",
+    "has_snapshot",
+)
+"""The ``graphexec_checkpoints`` columns an encrypted row's metadata blob authenticates."""
+
+
+class RowCodec:
+    """Maps :class:`Checkpoint` and :class:`PendingWrite` to rows and back.
+
+    Metadata is encoded with graphexec's closed-registry serializer (so what a durable backend
+    can store is exactly what the in-memory reference accepts); every blob goes through the
+    :class:`BlobCodec` -- identity, or AES-GCM bound to the row when ``encryption`` is given.
+
+    Args:
+        encryption: Encrypt every stored blob with these keys.
+    """
+
+    def __init__(self, encryption: Encryption | None = None) -> None:
+        self.encrypted = encryption is not None
+        self.blobs: BlobCodec = _Plain() if encryption is None else _Sealed(encryption)
+        self._meta = default_serializer()
+
+    # -- checkpoints
+
+    def encode(self, cp: Checkpoint) -> tuple[dict[str, Any], list[ChannelRow]]:
+        """``cp``'s ``graphexec_checkpoints`` column values and its ``graphexec_channels`` rows.
+
+        With encryption, the metadata blob's associated data also covers the row's structural
+        columns (parent, step, snapshot flag, sizes ...) and the list of its channel rows, so
+        editing those columns, or adding or deleting a channel row, fails authentication on the
+        next read like a tampered blob does.
+        """
+        rows = self.channel_rows(cp)
+        key = (cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id)
+        metadata = self._meta.dumps(dict(cp.metadata), channel="__metadata__")
+        params: dict[str, Any] = {
+            "thread_id": cp.thread_id,
+            "checkpoint_ns": cp.checkpoint_ns,
+            "checkpoint_id": cp.checkpoint_id,
+            "parent_id": cp.parent_id,
+            "step": cp.step,
+            "source": cp.source,
+            "created_at": to_micros(cp.created_at),
+            "graph_version": cp.graph_version,
+            "next_nodes": json.dumps(list(cp.next_nodes), ensure_ascii=False),
+            "frontier": self.blobs.seal(bytes(cp.frontier), (*key, "frontier")),
+            "delta_depth": cp.delta_depth,
+            "delta_bytes": cp.delta_bytes,
+            "snapshot_bytes": cp.snapshot_bytes,
+            "has_snapshot": 0 if cp.snapshot is None else 1,
+        }
+        context = self.metadata_context(
+            key, [params[c] for c in STRUCTURE], ((r, c, o) for r, c, o, _ in rows)
+        )
+        params["metadata"] = self.blobs.seal(metadata, context)
+        return params, rows
+
+    def metadata_context(
+        self,
+        key: tuple[str, str, str],
+        structure: Sequence[Any],
+        manifest: Iterable[tuple[str, str, str]],
+    ) -> tuple[Any, ...]:
+        """Associated data of a checkpoint's metadata blob (see :meth:`encode`)."""
+        if not self.encrypted:
+            return (*key, "metadata")
+        return (*key, "metadata", *structure, *itertools.chain.from_iterable(sorted(manifest)))
+
+    def channel_rows(self, cp: Checkpoint) -> list[ChannelRow]:
+        """The ``graphexec_channels`` rows of ``cp``: its deltas, then its snapshot."""
+        key = (cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id)
+        rows: list[ChannelRow] = []
+        set_values: dict[str, bytes] = {}
+        for channel, delta in cp.deltas.items():
+            if delta.op == "set":
+                if len(delta.blobs) != 1:
+                    raise CheckpointError(
+                        f"thread {cp.thread_id!r}, checkpoint {cp.checkpoint_id!r}: the 'set' "
+                        f"delta of channel {channel!r} must carry exactly one blob, got "
+                        f"{len(delta.blobs)}"
+                    )
+                data = bytes(delta.blobs[0])
+                set_values[channel] = data
+            elif delta.op == "fold":
+                data = msgpack.packb([bytes(b) for b in delta.blobs], use_bin_type=True)
+            else:
+                raise CheckpointError(
+                    f"checkpoint {cp.checkpoint_id!r}: channel {channel!r} has unknown delta op "
+                    f"{delta.op!r} (expected 'set' or 'fold')"
+                )
+            sealed = self.blobs.seal(data, (*key, "d", channel, delta.op))
+            rows.append(("d", channel, delta.op, sealed))
+        for channel, value in (cp.snapshot or {}).items():
+            if set_values.get(channel) == value:
+                # stored once, under the delta; an (authenticated) empty marker stands here
+                rows.append(
+                    ("s", channel, "same", self.blobs.seal(b"", (*key, "s", channel, "same")))
+                )
+            else:
+                rows.append(
+                    (
+                        "s",
+                        channel,
+                        "set",
+                        self.blobs.seal(bytes(value), (*key, "s", channel, "set")),
+                    )
+                )
+        return rows
+
+    def snapshot_rows(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, snapshot: Mapping[str, bytes]
+    ) -> list[ChannelRow]:
+        """``graphexec_channels`` rows giving an existing checkpoint a snapshot (prune's rebase)."""
+        key = (thread_id, checkpoint_ns, checkpoint_id, "s")
+        return [
+            ("s", channel, "set", self.blobs.seal(bytes(value), (*key, channel, "set")))
+            for channel, value in snapshot.items()
+        ]
+
+    def rebased_metadata(
+        self,
+        key: tuple[str, str, str],
+        metadata: bytes,
+        structure: Sequence[Any],
+        manifest: Sequence[tuple[str, str, str]],
+        rebase_rows: Sequence[ChannelRow],
+        snapshot_bytes: int,
+    ) -> bytes:
+        """The metadata blob of a checkpoint that prune's rebase gives a snapshot.
+
+        ``structure`` and ``manifest`` describe the row as stored; the blob is re-sealed for the
+        row as it will be (snapshot flag set, sizes reset, snapshot rows added).
+        """
+        if not self.encrypted:
+            return metadata
+        old = self.metadata_context(key, structure, manifest)
+        plain = self.blobs.open(metadata, old, lambda: f"metadata of checkpoint {key[2]!r}")
+        after = dict(zip(STRUCTURE, structure, strict=True))
+        after.update(has_snapshot=1, delta_depth=0, delta_bytes=0, snapshot_bytes=snapshot_bytes)
+        rows = [*manifest, *((r, c, o) for r, c, o, _ in rebase_rows)]
+        return self.blobs.seal(plain, self.metadata_context(key, list(after.values()), rows))
+
+    def checkpoints_from_rows(
+        self, thread_id: str, checkpoint_ns: str, rows: Iterable[Sequence[Any]]
+    ) -> tuple[list[tuple[int, Checkpoint]], list[tuple[int, str, str, bytes]]]:
+        """Decode the union rows of a checkpoint query.
+
+        Returns:
+            ``(pos, checkpoint)`` pairs sorted by ``pos``, and the ``'w'`` rows as ``(seq,
+            task_id, channel, sealed data)``. (Each ``'c'`` row also carries the head id of the
+            namespace in its last column.)
+        """
+        heads: dict[int, Sequence[Any]] = {}
+        channels: dict[int, list[Sequence[Any]]] = {}
+        writes: list[tuple[int, str, str, bytes]] = []
+        for row in rows:
+            kind = row[0]
+            if kind == "c":
+                heads[row[1]] = row
+            elif kind == "b":
+                channels.setdefault(row[1], []).append(row)
+            else:
+                writes.append((row[1], row[3], row[4], row[8]))
+        out = [
+            (r[2], self._checkpoint(thread_id, checkpoint_ns, r, channels.get(seq, ())))
+            for seq, r in heads.items()
+        ]
+        out.sort(key=lambda pair: pair[0])
+        writes.sort(key=lambda w: w[0])
+        return out, writes
+
+    def _checkpoint(
+        self, thread_id: str, ns: str, row: Sequence[Any], channel_rows: Iterable[Sequence[Any]]
+    ) -> Checkpoint:
+        # Hot path (a read decodes up to max_depth of these): messages are only built on error.
+        (_, _, _, cid, parent_id, source, version, next_nodes, frontier, metadata) = row[:10]
+        step, created_at, depth, delta_bytes, snapshot_bytes, has_snapshot = row[10:16]
+        key = (thread_id, ns, cid)
+
+        def where() -> str:
+            return f"thread {thread_id!r}, checkpoint {cid!r}"
+
+        if not self.encrypted and looks_encrypted(metadata):
+            # msgpack metadata never starts with the envelope byte: this row was encrypted.
+            raise DeserializationError(
+                f"metadata of {where()} is encrypted; open the checkpointer with the "
+                "encryption= keys it was written with",
+                channel="__metadata__",
+            )
+        channel_rows = list(channel_rows)
+        structure: tuple[Any, ...] = (parent_id, step, source, version, next_nodes, created_at)
+        structure += (depth, delta_bytes, snapshot_bytes, has_snapshot)  # STRUCTURE's order
+        context = self.metadata_context(key, structure, ((r[3], r[4], r[5]) for r in channel_rows))
+        meta_bytes = self._open(metadata, context, lambda: f"metadata of {where()}")
+        try:
+            meta = self._meta.loads(meta_bytes, channel="__metadata__")
+        except DeserializationError as e:
+            raise DeserializationError(
+                f"metadata of {where()} cannot be decoded: {e}", channel="__metadata__"
+            ) from e
+        if not isinstance(meta, dict):
+            raise DeserializationError(
+                f"metadata of {where()} is a {type(meta).__name__}, not a mapping",
+                channel="__metadata__",
+            )
+        deltas: dict[str, ChannelDelta] = {}
+        snapshot: dict[str, bytes] | None = {} if has_snapshot else None
+        same: list[str] = []
+        for r in channel_rows:
+            role, channel, op, data = r[3], r[4], r[5], r[8]
+            if role == "s":
+                if snapshot is None:
+                    raise CheckpointError(f"{where()}: snapshot rows on a checkpoint without one")
+                value = self._open(
+                    data, (*key, "s", channel, op), _describe("snapshot", channel, where)
+                )
+                if op == "same":
+                    same.append(channel)
+                else:
+                    snapshot[channel] = value
+                continue
+            raw = self._open(data, (*key, "d", channel, op), _describe("delta", channel, where))
+            if op == "set":
+                deltas[channel] = ChannelDelta("set", (raw,))
+            else:
+                deltas[channel] = ChannelDelta("fold", _unpack_blobs(raw, channel, where))
+        for channel in same:
+            delta = deltas.get(channel)
+            if snapshot is None or delta is None or delta.op != "set":
+                raise CheckpointError(
+                    f"{where()}: snapshot of channel {channel!r} refers to a 'set' delta that is "
+                    "missing; storage is corrupt"
+                )
+            snapshot[channel] = delta.blobs[0]
+        return Checkpoint(
+            thread_id=thread_id,
+            checkpoint_ns=ns,
+            checkpoint_id=cid,
+            parent_id=parent_id,
+            step=step,
+            source=source,
+            created_at=from_micros(created_at),
+            graph_version=version,
+            deltas=deltas,
+            snapshot=snapshot,
+            frontier=self._open(frontier, (*key, "frontier"), lambda: f"frontier of {where()}"),
+            next_nodes=json_tuple(next_nodes),
+            metadata=meta,
+            delta_depth=depth,
+            delta_bytes=delta_bytes,
+            snapshot_bytes=snapshot_bytes,
+        )
+
+    def _open(self, data: Any, context: tuple[Any, ...], what: Callable[[], str]) -> bytes:
+        if type(data) is not bytes:
+            raise DeserializationError(
+                f"{what()}: stored value is {type(data).__name__}, not bytes"
+            )
+        return self.blobs.open(data, context, what)
+
+    # -- pending writes
+
+    def write_rows(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+    ) -> list[tuple[str, bytes]]:
+        """``(channel, stored data)`` for each write of one task."""
+        key = (thread_id, checkpoint_ns, checkpoint_id, "w", task_id)
+        return [
+            (channel, self.blobs.seal(bytes(data), (*key, channel))) for channel, data in writes
+        ]
+
+    def pending_write(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        channel: str,
+        data: Any,
+    ) -> PendingWrite:
+        """Decode one stored pending write."""
+        key = (thread_id, checkpoint_ns, checkpoint_id, "w", task_id, channel)
+
+        def what() -> str:
+            return (
+                f"pending write {channel!r} of task {task_id!r} (thread {thread_id!r}, "
+                f"checkpoint {checkpoint_id!r})"
+            )
+
+        return PendingWrite(task_id, channel, self._open(data, key, what))
+
+
+def _describe(kind: str, channel: str, where: Callable[[], str]) -> Callable[[], str]:
+    return lambda: f"{kind} of channel {channel!r} of {where()}"
+
+
+def _unpack_blobs(raw: bytes, channel: str, where: Callable[[], str]) -> tuple[bytes, ...]:
+    try:
+        blobs = msgpack.unpackb(raw, raw=False)
+    except Exception as e:
+        raise DeserializationError(
+            f"fold delta of channel {channel!r} of {where()} is corrupt", channel=channel
+        ) from e
+    if type(blobs) is not list or not all(type(b) is bytes for b in blobs):
+        raise DeserializationError(
+            f"fold delta of channel {channel!r} of {where()} is not a list of blobs",
+            channel=channel,
+        )
+    return tuple(blobs)
+
+
+@functools.lru_cache(maxsize=1024)
+def json_tuple(value: str) -> tuple[str, ...]:
+    """Decode a ``next_nodes`` column (few distinct values: cached)."""
+    return tuple(json.loads(value))
+
+
+def lease_row(row: Sequence[Any] | None) -> tuple[str, int, float] | None:
+    """``(owner, epoch, expires_at)`` of a held lease, or ``None`` (no row, or released)."""
+    if row is None or row[0] is None:
+        return None
+    return str(row[0]), int(row[1]), float(row[2])
