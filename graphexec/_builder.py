@@ -484,6 +484,7 @@ class StateGraph(Generic[StateT]):
         recursion_limit: int = 25,
         interrupt_before: Sequence[str] = (),
         interrupt_after: Sequence[str] = (),
+        lease_ttl: float = 30.0,
     ) -> CompiledGraph[StateT]:
         """Validate the graph and return a runnable :class:`~graphexec.CompiledGraph`.
 
@@ -497,6 +498,9 @@ class StateGraph(Generic[StateT]):
             interrupt_before: Static breakpoints: pause before a step that would run one of
                 these nodes (``"*"`` for every node). Continue with ``invoke(None, ...)``.
             interrupt_after: Pause after a step that ran one of these nodes.
+            lease_ttl: Seconds a run's ownership of its thread lasts without a heartbeat (it is
+                renewed every third of that). After a crash, another process can take the
+                thread over once this has passed.
 
         Raises:
             GraphBuildError: naming the node or edge at fault.
@@ -505,6 +509,8 @@ class StateGraph(Generic[StateT]):
 
         if recursion_limit < 1:
             raise GraphBuildError(f"recursion_limit must be >= 1 (got {recursion_limit})")
+        if lease_ttl <= 0:
+            raise GraphBuildError(f"lease_ttl must be > 0 seconds (got {lease_ttl})")
         spec = self._validate()
         for option, names in (
             ("interrupt_before", interrupt_before),
@@ -524,4 +530,5 @@ class StateGraph(Generic[StateT]):
             analysis=self._analysis_graph(),
             interrupt_before=frozenset(interrupt_before),
             interrupt_after=frozenset(interrupt_after),
+            lease_ttl=lease_ttl,
         )

@@ -339,6 +339,14 @@ class BaseCheckpointer(ABC):
         """
         raise NotSupportedError(f"{type(self).__name__} does not support prune()")
 
+    async def set_ttl(self, thread_id: str, ttl: float | None) -> None:
+        """Delete the thread once ``ttl`` seconds pass without a commit (``None``: keep)."""
+        raise NotSupportedError(f"{type(self).__name__} does not support thread TTLs")
+
+    async def expire(self) -> int:
+        """Delete every thread whose TTL has passed; returns how many were deleted."""
+        raise NotSupportedError(f"{type(self).__name__} does not support thread TTLs")
+
     async def acquire_lease(self, thread_id: str, *, owner: str, ttl: float) -> Lease:
         """Take ownership of a thread for ``ttl`` seconds.
 

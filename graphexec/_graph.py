@@ -18,7 +18,7 @@ from graphexec._draw import draw_mermaid
 from graphexec._executor import Run, decode_records, resume_error
 from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
 from graphexec._serde import Serializer
-from graphexec._state import _MISSING
+from graphexec._state import _MISSING, RemoveMessage
 from graphexec._sync import iterate_sync, run_sync
 from graphexec._tasks import Emitter, Frontier, Outcome, Task, task_id_for
 from graphexec._types import (
@@ -101,6 +101,8 @@ class CompiledGraph(Generic[StateT]):
         interrupt_after: frozenset[str] = frozenset(),
         lease_ttl: float = 30.0,
     ) -> None:
+        if lease_ttl <= 0:
+            raise GraphExecError(f"lease_ttl must be > 0 seconds, got {lease_ttl}")
         self.spec = spec
         self.checkpointer = checkpointer
         self.memory = memory
@@ -111,6 +113,7 @@ class CompiledGraph(Generic[StateT]):
         self.interrupt_before = interrupt_before
         self.interrupt_after = interrupt_after
         self.serde = Serializer()
+        self.serde.register(RemoveMessage, name="graphexec.RemoveMessage")
         self.serde.register_schema(spec.schema.schema)
 
     @property
@@ -137,7 +140,12 @@ class CompiledGraph(Generic[StateT]):
         return Frontier(tasks, {int(i): list(seen) for i, seen in data["b"]})
 
     def materialize(self, tup: CheckpointTuple) -> dict[str, Any]:
-        """Channel values at ``tup.checkpoint``: its nearest snapshot plus the deltas since."""
+        """Channel values at ``tup.checkpoint``: its nearest snapshot plus the deltas since.
+
+        Updates of concatenating reducers (``operator.add`` on lists, ``add_messages``) are
+        gathered across the whole chain and folded with one reducer call, so a read costs
+        O(state) rather than O(deltas x state).
+        """
         chain = [*tup.chain, tup.checkpoint]
         base = chain[0]
         if base.snapshot is None:
@@ -146,19 +154,30 @@ class CompiledGraph(Generic[StateT]):
                 "snapshot but does not; the stored history is incomplete"
             )
         values = {ch: self.serde.loads(b, channel=ch) for ch, b in base.snapshot.items()}
+        pending: dict[str, list[Any]] = {}
         for cp in chain[1:]:
-            self.apply_deltas(values, cp)
+            self._fold_deltas(values, cp, pending)
+        self._flush_folds(values, pending)
         return values
 
     def apply_deltas(self, values: dict[str, Any], cp: Checkpoint) -> None:
         """Fold one checkpoint's deltas into ``values`` (in place)."""
+        pending: dict[str, list[Any]] = {}
+        self._fold_deltas(values, cp, pending)
+        self._flush_folds(values, pending)
+
+    def _fold_deltas(
+        self, values: dict[str, Any], cp: Checkpoint, pending: dict[str, list[Any]]
+    ) -> None:
         if cp.snapshot is not None:
+            pending.clear()
             values.clear()
             values.update({ch: self.serde.loads(b, channel=ch) for ch, b in cp.snapshot.items()})
             return
         channels = self.spec.schema.channels
         for ch, delta in cp.deltas.items():
             if delta.op == "set":
+                pending.pop(ch, None)
                 values[ch] = self.serde.loads(delta.blobs[0], channel=ch)
                 continue
             spec = channels.get(ch)
@@ -168,9 +187,19 @@ class CompiledGraph(Generic[StateT]):
                     f"{ch!r} was stored as reducer updates, but the current schema has no "
                     "reducer for it; restore the reducer or migrate the thread"
                 )
-            for blob in delta.blobs:
-                update = self.serde.loads(blob, channel=ch)
+            updates = [self.serde.loads(blob, channel=ch) for blob in delta.blobs]
+            if spec.batchable:
+                pending.setdefault(ch, []).extend(updates)
+                continue
+            for update in updates:
                 values[ch] = spec.reduce("__read__", values.get(ch, _MISSING), update)
+
+    def _flush_folds(self, values: dict[str, Any], pending: dict[str, list[Any]]) -> None:
+        channels = self.spec.schema.channels
+        for ch, updates in pending.items():
+            spec = channels[ch]
+            values[ch] = spec.reduce("__read__", values.get(ch, _MISSING), spec.concat(updates))
+        pending.clear()
 
     # -- argument handling ------------------------------------------------------------------
 

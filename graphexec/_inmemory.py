@@ -67,6 +67,8 @@ class InMemoryCheckpointer(BaseCheckpointer):
         self._writes: dict[tuple[str, str, str], dict[tuple[str, str], bytes]] = {}
         self._leases: dict[str, Lease] = {}
         self._epochs: dict[str, int] = {}
+        self._ttls: dict[str, float] = {}
+        self._touched: dict[str, float] = {}
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -131,6 +133,7 @@ class InMemoryCheckpointer(BaseCheckpointer):
                 )
             by_id[checkpoint.checkpoint_id] = stored
             self._heads[key] = checkpoint.checkpoint_id
+            self._touched[checkpoint.thread_id] = time.time()
             if checkpoint.parent_id is not None:
                 self._writes.pop((*key, checkpoint.parent_id), None)
 
@@ -249,12 +252,44 @@ class InMemoryCheckpointer(BaseCheckpointer):
     async def delete_thread(self, thread_id: str) -> None:
         """See :meth:`BaseCheckpointer.delete_thread`."""
         with self._lock:
-            for key in [k for k in self._checkpoints if k[0] == thread_id]:
-                del self._checkpoints[key]
-                self._heads.pop(key, None)
-            for wkey in [k for k in self._writes if k[0] == thread_id]:
-                del self._writes[wkey]
-            self._leases.pop(thread_id, None)
+            self._forget(thread_id)
+
+    def _forget(self, thread_id: str) -> None:
+        for key in [k for k in self._checkpoints if k[0] == thread_id]:
+            del self._checkpoints[key]
+            self._heads.pop(key, None)
+        for wkey in [k for k in self._writes if k[0] == thread_id]:
+            del self._writes[wkey]
+        current = self._leases.pop(thread_id, None)
+        if current is not None:  # the epoch survives, so a stale owner stays fenced off
+            self._epochs[thread_id] = max(self._epochs.get(thread_id, 0), current.epoch)
+        self._ttls.pop(thread_id, None)
+        self._touched.pop(thread_id, None)
+
+    async def set_ttl(self, thread_id: str, ttl: float | None) -> None:
+        """See :meth:`BaseCheckpointer.set_ttl`."""
+        if ttl is not None and ttl < 0:
+            raise ValueError(f"set_ttl({thread_id!r}, {ttl}): ttl must be >= 0 seconds or None")
+        with self._lock:
+            if ttl is None:
+                self._ttls.pop(thread_id, None)
+            else:
+                self._ttls[thread_id] = ttl
+                self._touched.setdefault(thread_id, time.time())
+
+    async def expire(self) -> int:
+        """See :meth:`BaseCheckpointer.expire` (a thread with a live lease is kept)."""
+        now = time.time()
+        with self._lock:
+            doomed = [
+                t
+                for t, ttl in self._ttls.items()
+                if self._touched.get(t, now) + ttl <= now
+                and not (t in self._leases and self._leases[t].expires_at > now)
+            ]
+            for t in doomed:
+                self._forget(t)
+        return len(doomed)
 
     async def prune(
         self,

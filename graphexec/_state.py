@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import operator
 import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,16 @@ class ChannelSpec:
     default: Callable[[], Any] | None
     adapter: pydantic.TypeAdapter[Any] | None
     container: type | None
+    batchable: bool = False
+    """Whether several updates can be folded as one (the reducer concatenates)."""
+
+    def concat(self, updates: Sequence[Any]) -> Any:
+        """Several updates of a batchable channel as one update."""
+        if self.container is str:
+            return "".join(updates)
+        if self.container is tuple:
+            return tuple(x for u in updates for x in u)
+        return [x for u in updates for x in (u if isinstance(u, list | tuple) else [u])]
 
     def check_value(self, node: str, value: Any) -> Any:
         """The value as validated against the declared type.
@@ -176,8 +187,12 @@ class StateSchema:
                         f"state key {name!r}: type {_type_name(base)} is not supported by "
                         f"pydantic validation ({e})"
                     ) from e
+            container = _container_of(base)
+            batchable = bool(getattr(reducer, "batchable", False)) or (
+                reducer is operator.add and container in (list, tuple, str)
+            )
             channels[name] = ChannelSpec(
-                name, base, reducer, defaults.get(name), adapter, _container_of(base)
+                name, base, reducer, defaults.get(name), adapter, container, batchable
             )
         self.channels = channels
 
@@ -378,6 +393,8 @@ class _AddMessages:
     """Id-aware message reducer (see :data:`add_messages`)."""
 
     __qualname__ = "add_messages"
+    batchable = True
+    """Folding updates one by one equals folding their concatenation once."""
 
     def prepare(self, update: Any) -> list[Any]:
         """Normalise an update and give every message an id before it is stored.

@@ -6,7 +6,7 @@ for every test::
     class TestSQLite(CheckpointerContract):
         @pytest.fixture
         async def checkpointer(self, tmp_path: Path) -> AsyncIterator[BaseCheckpointer]:
-            async with SQLiteCheckpointer.open(tmp_path / "cp.db") as cp:
+            async with SqliteCheckpointer.open(tmp_path / "cp.db") as cp:
                 yield cp
 
 The suite uses only the public :class:`~graphexec._checkpoint.BaseCheckpointer` surface. It is

@@ -17,9 +17,11 @@ from graphexec import (
     GraphVersionError,
     InMemoryCheckpointer,
     InvalidUpdateError,
+    RemoveMessage,
     SnapshotPolicy,
     StateGraph,
     ThreadNotFoundError,
+    add_messages,
 )
 
 
@@ -261,3 +263,38 @@ async def test_new_input_on_unfinished_thread_starts_over_from_start() -> None:
     fail["on"] = False
     out = await g.ainvoke({"n": 0, "log": ["again"]}, thread_id="t")
     assert out == {"n": 2, "log": ["a", "again", "a", "c"]}
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[dict[str, Any]], add_messages]
+    log: Annotated[list[str], operator.add]
+    n: int
+
+
+async def test_batched_folds_read_back_exactly() -> None:
+    """Reads fold concatenating reducers in one call; the result must equal step-by-step."""
+
+    def turn(state: Chat) -> dict[str, Any]:
+        n = state["n"] + 1
+        update: list[Any] = [{"role": "user", "content": f"q{n}", "id": f"u{n}"}]
+        if n % 3 == 0:
+            update.append({"role": "user", "content": f"edited q{n - 1}", "id": f"u{n - 1}"})
+        if n % 5 == 0:
+            update.append(RemoveMessage(id=f"u{n - 2}"))
+        return {"messages": update, "log": [f"t{n}"], "n": n}
+
+    b = StateGraph(Chat)
+    b.add_node("turn", turn)
+    b.add_edge(START, "turn")
+    b.add_conditional_edges("turn", lambda s: END if s["n"] >= 40 else "turn", ["turn", END])
+    store = InMemoryCheckpointer(snapshot_policy=SnapshotPolicy(max_depth=1000, min_bytes=10**9))
+    g = b.compile(checkpointer=store, recursion_limit=100)
+    out = await g.ainvoke({"messages": [], "log": [], "n": 0}, thread_id="t")
+    state = await g.aget_state("t")
+    assert state is not None and state.values == out
+    # every historical state also matches a step-by-step fold of the same deltas
+    history = await g.aget_state_history("t")
+    assert [h.values["n"] for h in history] == list(range(40, -1, -1))
+    for h in history[::7]:
+        again = await g.aget_state("t", checkpoint_id=h.checkpoint_id)
+        assert again is not None and again.values == h.values
