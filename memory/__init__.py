@@ -1,0 +1,89 @@
+"""Agent memory for graphexec: sessions, facts, blocks, archival and recall search.
+
+One object per database holds every tier::
+
+    from memory import SqliteMemory
+
+    async with SqliteMemory.open("memory.db") as mem:
+        session = mem.session("user-42")  # short-term: the conversation (Session)
+        await session.add_items([{"role": "user", "content": "Book a flight to Lisbon"}])
+        await mem.facts.put(("user", "42"), "home_airport", "LHR")  # long-term facts
+        print(await mem.blocks.render())  # core-memory blocks for the prompt
+        hits = await mem.recall.search("Lisbon")  # every past session item
+
+``SqliteSession(session_id, path=None)`` also works on its own, as in the OpenAI Agents SDK.
+The interfaces (:class:`Session`, :class:`FactStore`, :class:`BlockStore`,
+:class:`ArchivalStore`, :class:`RecallStore`) are what every backend implements; the contract
+suites in :mod:`graphexec.testing.memory_contracts` check them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from memory._base import (
+    ArchivalHit,
+    ArchivalStore,
+    BlockStore,
+    Fact,
+    FactStore,
+    FactVersion,
+    Namespace,
+    Passage,
+    RecallHit,
+    RecallStore,
+    SearchPage,
+    Session,
+)
+from memory._text import Block
+from memory.embedders import Embedder, HashingEmbedder, MiniLMEmbedder
+from memory.sqlite import (
+    SqliteBlockStore,
+    SqliteFactStore,
+    SqliteMemory,
+    SqliteRecallStore,
+    SqliteSession,
+)
+
+__all__ = [
+    # interfaces
+    "Session",
+    "FactStore",
+    "BlockStore",
+    "ArchivalStore",
+    "RecallStore",
+    "Namespace",
+    # records
+    "Block",
+    "Fact",
+    "FactVersion",
+    "Passage",
+    "ArchivalHit",
+    "SearchPage",
+    "RecallHit",
+    # SQLite backend
+    "SqliteMemory",
+    "SqliteSession",
+    "SqliteFactStore",
+    "SqliteBlockStore",
+    "SqliteRecallStore",
+    "SqliteArchivalStore",
+    "NewPassage",
+    # embedders
+    "Embedder",
+    "HashingEmbedder",
+    "MiniLMEmbedder",
+]
+
+_LAZY = {"SqliteArchivalStore": "memory._sqlite_archival", "NewPassage": "memory._sqlite_archival"}
+
+
+def __getattr__(name: str) -> Any:
+    # The archival store pulls in the embedders; import it only when someone asks for it.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memory' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
