@@ -36,7 +36,13 @@ from memory._base import (
     SearchPage,
     Session,
 )
-from memory._text import Block
+from memory._text import (
+    Block,
+    EstimatingTokenCounter,
+    TokenCounter,
+    estimate_tokens,
+    extractive_summary,
+)
 from memory.embedders import Embedder, HashingEmbedder, MiniLMEmbedder
 from memory.sqlite import (
     SqliteBlockStore,
@@ -70,6 +76,11 @@ __all__ = [
     "SqliteRecallStore",
     "SqliteArchivalStore",
     "NewPassage",
+    # text helpers (pluggable token counting and summarising, used by memory.nodes.compact)
+    "TokenCounter",
+    "EstimatingTokenCounter",
+    "estimate_tokens",
+    "extractive_summary",
     # embedders
     "Embedder",
     "HashingEmbedder",

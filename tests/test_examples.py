@@ -60,6 +60,15 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "approval -> approve by alice, edited {'priority': 'high'}",
         "CRM cases opened: 1 (priority high)",
     ),
+    "06_travel_assistant.py": (
+        "facts stored: meal=vegetarian, seat=window",
+        "reloaded 4 items of history; facts summary: meal: vegetarian; seat: window",
+        "Take the 08:10 flight to Lisbon on 12 May, window seat",
+        "assistant: Book Casa Ribeira in Porto.",
+        "popped the assistant item and the user item",
+        "assistant: Book Casa Alfama in Lisbon.",
+        "session 'trip-ada' now holds 8 items (0 mention Porto)",
+    ),
 }
 
 
