@@ -7,7 +7,17 @@ with :func:`register`.
 
 from __future__ import annotations
 
-from benchmarks import workloads
+from benchmarks import _concurrency, _growth, workloads
 from benchmarks._core import REGISTRY, BenchmarkError, Metric, Sample, Workload, register
 
-__all__ = ["REGISTRY", "BenchmarkError", "Metric", "Sample", "Workload", "register", "workloads"]
+__all__ = [
+    "REGISTRY",
+    "BenchmarkError",
+    "Metric",
+    "Sample",
+    "Workload",
+    "_concurrency",
+    "_growth",
+    "register",
+    "workloads",
+]

@@ -1,9 +1,10 @@
 """Workload registry, the interleaved runner and the result records.
 
-Adding a workload: subclass :class:`Workload`, set ``name``, ``summary`` and ``metrics``,
+Adding a workload: subclass :class:`Workload`, set ``name``, ``summary`` and ``metrics``
+(and ``backends`` / ``durabilities`` if it is not for every backend in ``sync`` mode),
 implement ``params()`` and ``measure()``, and decorate the class with :func:`register`.
-``measure()`` is written once against an :class:`~benchmarks._systems.Adapter` and runs on
-every system.
+``measure()`` is written once against an :class:`~benchmarks._systems.Adapter` and an
+:class:`~benchmarks._backends.Env` (the case: backend, durability) and runs on every system.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import statistics
 import time
 import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar, cast
 
-from benchmarks._systems import GRAPHEXEC, Adapter
+from benchmarks._backends import NO_BACKEND, Env
+from benchmarks._systems import BACKENDS, GRAPHEXEC, Adapter, Durability
 
 __all__ = [
     "REGISTRY",
@@ -29,6 +32,7 @@ __all__ = [
     "Timer",
     "Workload",
     "WorkloadResult",
+    "cases",
     "register",
     "run_workload",
 ]
@@ -60,12 +64,15 @@ class Sample:
     """One measured batch on one system.
 
     Attributes:
-        metrics: Values for the workload's :class:`Metric` keys.
+        metrics: Values for the workload's :class:`Metric` keys; a metric that does not apply
+            to the case (bytes on disk in memory) is left out.
         info: Facts about the run that are not timings (checkpoints per run, checks).
+        series: Curves (equal-length lists, e.g. ``step`` and ``ms_per_step``) for plots.
     """
 
     metrics: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
+    series: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Timer:
@@ -85,11 +92,27 @@ class Timer:
 
 
 class Workload(ABC):
-    """A named benchmark. One instance per CLI run; ``quick`` shrinks it for smoke tests."""
+    """A named benchmark. One instance per CLI run; ``quick`` shrinks it for smoke tests.
+
+    Class attributes besides ``name``, ``summary`` and ``metrics``:
+
+    - ``backends``: the backends it runs on (``("none",)``: without a checkpointer);
+    - ``durabilities``: the modes it is measured in, on persistent backends (in-memory
+      stores always run ``sync``: there is nothing to be durable to);
+    - ``warmup``: run an unmeasured batch first (pointless when every batch starts new
+      processes);
+    - ``max_rounds``: cap ``--repeat`` for long workloads;
+    - ``in_quick``: part of the default selection with ``--quick``.
+    """
 
     name: ClassVar[str]
     summary: ClassVar[str]
     metrics: ClassVar[tuple[Metric, ...]]
+    backends: ClassVar[tuple[str, ...]] = BACKENDS
+    durabilities: ClassVar[tuple[str, ...]] = ("sync",)
+    warmup: ClassVar[bool] = True
+    max_rounds: ClassVar[int | None] = None
+    in_quick: ClassVar[bool] = True
 
     def __init__(self, *, quick: bool = False) -> None:
         self.quick = quick
@@ -99,8 +122,8 @@ class Workload(ABC):
         """The sizes this instance runs with (recorded in the output)."""
 
     @abstractmethod
-    async def measure(self, system: Adapter) -> Sample:
-        """Build a fresh graph (untimed), run one timed batch, and check the results.
+    async def measure(self, system: Adapter, env: Env) -> Sample:
+        """Build a fresh graph and store (untimed), run one timed batch, check the results.
 
         Raises:
             BenchmarkError: the system returned a wrong result.
@@ -126,11 +149,23 @@ class SystemResult:
 
     samples: list[Sample]
 
-    def median(self, key: str) -> float:
-        return statistics.median(s.metrics[key] for s in self.samples)
+    def median(self, key: str) -> float | None:
+        """Median of ``key`` over the rounds that measured it (``None`` if none did)."""
+        values = [s.metrics[key] for s in self.samples if key in s.metrics]
+        return statistics.median(values) if values else None
 
     def medians(self) -> dict[str, float]:
-        return {key: self.median(key) for key in self.samples[0].metrics}
+        keys = dict.fromkeys(k for s in self.samples for k in s.metrics)
+        return {key: m for key in keys if (m := self.median(key)) is not None}
+
+    def series(self) -> dict[str, list[float]]:
+        """Each curve's point-by-point median over the rounds (rounds of equal length)."""
+        out: dict[str, list[float]] = {}
+        for key in self.samples[0].series:
+            curves = [s.series[key] for s in self.samples if key in s.series]
+            length = min(len(c) for c in curves)
+            out[key] = [statistics.median(c[i] for c in curves) for i in range(length)]
+        return out
 
     def info(self) -> dict[str, Any]:
         """Facts from the rounds: the value when all rounds agree, else every round's value."""
@@ -146,30 +181,40 @@ class WorkloadResult:
     """One workload across systems."""
 
     workload: Workload
+    env: Env
     systems: dict[str, SystemResult] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
-    """System name -> why it has no figures."""
+    """System name -> why it has no figures (``failed: ...``, ``unavailable: ...``)."""
+
+    @property
+    def case(self) -> str:
+        """``workload`` or ``workload/backend[/durability]``: the key in the JSON."""
+        label = self.env.label
+        return self.workload.name if label == "-" else f"{self.workload.name}/{label}"
 
     @property
     def failed(self) -> bool:
-        return GRAPHEXEC not in self.systems
+        """graphexec failed (as opposed to: its backend is unavailable here)."""
+        return self.skipped.get(GRAPHEXEC, "").startswith("failed")
 
     def ratio(self, metric: Metric, other: str) -> float | None:
         """``other``'s median over graphexec's: above 1 means graphexec is faster."""
         if not metric.compare or GRAPHEXEC not in self.systems or other not in self.systems:
             return None
         base = self.systems[GRAPHEXEC].median(metric.key)
-        if base <= 0:
+        theirs = self.systems[other].median(metric.key)
+        if base is None or theirs is None or base <= 0:
             return None
-        return self.systems[other].median(metric.key) / base
+        return theirs / base
 
 
-def _one(workload: Workload, system: Adapter) -> Sample:
-    return asyncio.run(workload.measure(system))
+def _one(workload: Workload, system: Adapter, env: Env) -> Sample:
+    return asyncio.run(workload.measure(system, env))
 
 
 def run_workload(
     workload: Workload,
+    env: Env,
     systems: list[Adapter],
     *,
     repeat: int,
@@ -177,38 +222,78 @@ def run_workload(
 ) -> WorkloadResult:
     """Warm up each system, then run rounds A B A B ... and collect the samples.
 
-    A failing system is dropped from the remaining rounds and reported in ``skipped``;
-    the others carry on.
+    A system that cannot run on the case's backend is reported as ``unavailable`` in
+    ``skipped``; a failing system is dropped from the remaining rounds and reported there as
+    ``failed``; the others carry on.
     """
-    result = WorkloadResult(workload)
+    result = WorkloadResult(workload, env)
+    name = result.case
     live: list[Adapter] = []
     for system in systems:
-        progress(f"{workload.name}: warm-up on {system.name}")
-        try:
-            _one(workload, system)
-        except Exception as e:
-            result.skipped[system.name] = _failure(workload, system, e, progress)
-        else:
-            live.append(system)
+        reason = system.unavailable(env.backend) if env.backend in BACKENDS else None
+        if reason is not None:
+            result.skipped[system.name] = reason
+            progress(f"{name}: {system.name} {reason}")
+            continue
+        if workload.warmup:
+            progress(f"{name}: warm-up on {system.name}")
+            try:
+                _one(workload, system, env)
+            except Exception as e:
+                result.skipped[system.name] = _failure(name, system, e, progress)
+                continue
+        live.append(system)
     samples: dict[str, list[Sample]] = {s.name: [] for s in live}
-    for round_no in range(1, repeat + 1):
-        progress(f"{workload.name}: round {round_no}/{repeat}")
+    rounds = min(repeat, workload.max_rounds or repeat)
+    for round_no in range(1, rounds + 1):
+        progress(f"{name}: round {round_no}/{rounds}")
         for system in list(live):
             try:
-                samples[system.name].append(_one(workload, system))
+                samples[system.name].append(_one(workload, system, env))
             except Exception as e:
-                result.skipped[system.name] = _failure(workload, system, e, progress)
+                result.skipped[system.name] = _failure(name, system, e, progress)
                 live.remove(system)
                 del samples[system.name]
     result.systems = {name: SystemResult(s) for name, s in samples.items()}
     return result
 
 
-def _failure(
-    workload: Workload, system: Adapter, e: Exception, progress: Callable[[str], None]
-) -> str:
-    progress(
-        f"{workload.name} failed on {system.name}:\n"
-        + "".join(traceback.format_exception(e)).rstrip()
-    )
+def _failure(case: str, system: Adapter, e: Exception, progress: Callable[[str], None]) -> str:
+    progress(f"{case} failed on {system.name}:\n" + "".join(traceback.format_exception(e)).rstrip())
     return f"failed: {type(e).__name__}: {e}"
+
+
+def cases(
+    workload: Workload,
+    backends: Sequence[str],
+    durabilities: Sequence[str],
+    *,
+    tmp: Path,
+    dsn: str | None = None,
+    synchronous: str | None = None,
+) -> list[Env]:
+    """The cases ``workload`` runs as: one per selected backend it supports and, on persistent
+    backends, one per selected durability mode it is measured in.
+
+    In-memory stores run ``sync`` only. A workload measured in ``sync`` only runs in ``sync``
+    whatever modes are selected (its point is not the mode). Backends follow the workload's
+    order, modes the selection's order.
+    """
+    out: list[Env] = []
+    for backend in workload.backends:
+        if backend == NO_BACKEND:
+            out.append(Env(NO_BACKEND, "sync", tmp))
+            continue
+        if backend not in backends:
+            continue
+        if backend == "memory":
+            out.append(Env(backend, "sync", tmp, dsn, synchronous))
+            continue
+        modes = [m for m in durabilities if m in workload.durabilities]
+        if len(workload.durabilities) == 1:
+            modes = list(workload.durabilities)
+        for mode in modes:
+            out.append(
+                Env(backend, cast(Durability, mode), tmp, dsn, synchronous, label_durability=True)
+            )
+    return out

@@ -617,6 +617,11 @@ class Run(TaskRunner):
                 )
             depth, delta_bytes = 0, 0
             snapshot_bytes = sum(len(b) for b in snapshot.values())
+            if self.parent_task_id is None:
+                # Reads start from the snapshot, so the reducer updates it already contains would
+                # only be stored twice (in exit durability: a whole run's worth). Subgraph runs
+                # keep them: the parent rebuilds a resumed subgraph's changes from its deltas.
+                deltas = {ch: d for ch, d in deltas.items() if d.op == "set"}
         meta: dict[str, Any] = {
             **self.user_metadata,
             **metadata,
