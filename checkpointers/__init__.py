@@ -1,7 +1,9 @@
 """Durable checkpoint backends for graphexec.
 
 ``SqliteCheckpointer`` keeps checkpoints in one SQLite file that several processes can share;
-``Encryption`` adds AES-GCM encryption at rest to it::
+``PostgresCheckpointer`` keeps them in PostgreSQL for many workers on many machines (it needs the
+``postgres`` extra, and is imported only when first used); ``Encryption`` adds AES-GCM encryption
+at rest to either::
 
     from checkpointers import SqliteCheckpointer
 
@@ -14,12 +16,27 @@ Every backend passes :class:`graphexec.testing.CheckpointerContract` unmodified.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from checkpointers._crypto import Encryption
 from checkpointers.sqlite import SqliteCheckpointer
 
+if TYPE_CHECKING:
+    from checkpointers.postgres import PostgresCheckpointer
+
 __all__ = [
     # backends
+    "PostgresCheckpointer",
     "SqliteCheckpointer",
     # encryption at rest
     "Encryption",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # psycopg is an optional dependency: import the PostgreSQL backend on first use only.
+    if name == "PostgresCheckpointer":
+        from checkpointers.postgres import PostgresCheckpointer
+
+        return PostgresCheckpointer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """SQL shared by the durable checkpointers: schema migrations, queries and row mapping.
 
-The backends (``sqlite.py`` now, ``postgres.py`` later) only do I/O; everything that decides
+The backends (``sqlite.py``, ``postgres.py``) only do I/O; everything that decides
 what is stored where lives here.
 
 Schema (every name is prefixed ``graphexec_`` so the tables can share a file with memory stores):
@@ -51,7 +51,7 @@ from typing import Any, Protocol
 import msgpack  # type: ignore[import-untyped]
 
 from checkpointers._crypto import Encryption, blob_context, looks_encrypted
-from graphexec._checkpoint import ChannelDelta, Checkpoint, PendingWrite
+from graphexec._checkpoint import ChannelDelta, Checkpoint, CheckpointTuple, PendingWrite
 from graphexec._serde import default_serializer
 from graphexec.errors import CheckpointError, DeserializationError
 
@@ -664,6 +664,40 @@ class RowCodec:
         out.sort(key=lambda pair: pair[0])
         writes.sort(key=lambda w: w[0])
         return out, writes
+
+    def checkpoint_tuple(
+        self, thread_id: str, checkpoint_ns: str, rows: Sequence[Sequence[Any]]
+    ) -> CheckpointTuple | None:
+        """The :class:`CheckpointTuple` of the rows of :data:`GET_CHECKPOINT` (``None``: none).
+
+        Raises:
+            CheckpointError: The delta chain does not reach a snapshot (a checkpoint it needs is
+                missing).
+        """
+        if not rows:
+            return None
+        head = next(r[16] for r in rows if r[0] == "c")
+        found, writes = self.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
+        target = found[0][1]
+        chain = [cp for _, cp in reversed(found[1:])]
+        oldest = chain[0] if chain else target
+        if oldest.snapshot is None:
+            if oldest.parent_id is None:
+                raise CheckpointError(
+                    f"thread {thread_id!r}: checkpoint {target.checkpoint_id!r} has no snapshot "
+                    "in its ancestry; storage is corrupt"
+                )
+            raise CheckpointError(
+                f"thread {thread_id!r}: checkpoint {oldest.parent_id!r}, needed to read "
+                f"{target.checkpoint_id!r}, is missing"
+            )
+        pending = tuple(
+            self.pending_write(
+                thread_id, checkpoint_ns, target.checkpoint_id, task_id, channel, data
+            )
+            for _, task_id, channel, data in writes
+        )
+        return CheckpointTuple(target, tuple(chain), pending, is_head=target.checkpoint_id == head)
 
     def _checkpoint(
         self, thread_id: str, ns: str, row: Sequence[Any], channel_rows: Iterable[Sequence[Any]]

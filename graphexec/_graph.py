@@ -116,6 +116,20 @@ class CompiledGraph(Generic[StateT]):
         self.serde.register(RemoveMessage, name="graphexec.RemoveMessage")
         self.serde.register_schema(spec.schema.schema)
 
+    def with_checkpointer(self, checkpointer: BaseCheckpointer | None) -> CompiledGraph[StateT]:
+        """The same graph (same version) storing its checkpoints in ``checkpointer``."""
+        return CompiledGraph(
+            self.spec,
+            checkpointer=checkpointer,
+            memory=self.memory,
+            name=self.name,
+            recursion_limit=self.recursion_limit,
+            analysis=self.analysis,
+            interrupt_before=self.interrupt_before,
+            interrupt_after=self.interrupt_after,
+            lease_ttl=self.lease_ttl,
+        )
+
     @property
     def version(self) -> str:
         """Fingerprint of nodes, edges and the state schema, recorded in every checkpoint."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,11 @@ def _backends() -> list[str]:
         "checkpointers.sqlite"
     ):
         names.append("sqlite")
+    if (
+        os.environ.get("GRAPHEXEC_TEST_POSTGRES_DSN")
+        or os.environ.get("GRAPHEXEC_REQUIRE_POSTGRES") == "1"
+    ):
+        names.append("postgres")
     return names
 
 
@@ -25,6 +31,19 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     """A fresh checkpointer of each available backend."""
     if request.param == "memory":
         yield InMemoryCheckpointer()
+        return
+    if request.param == "postgres":
+        from pg import fresh_schema, postgres_dsn
+
+        from checkpointers.postgres import PostgresCheckpointer
+
+        async with fresh_schema() as schema:
+            pg = PostgresCheckpointer(postgres_dsn(), schema=schema)
+            await pg.setup()
+            try:
+                yield pg
+            finally:
+                await pg.aclose()
         return
     from checkpointers import SqliteCheckpointer
 

@@ -1,0 +1,779 @@
+"""The PostgreSQL checkpointer: many worker processes on many machines, one database.
+
+PostgreSQL is the coordinator: every commit's checks (the run's lease and its fencing epoch, the
+parent-is-head compare-and-set) are made under row locks in the statement that writes it, so two
+runs can never fork a thread's history and a fenced-out worker can never write, whichever
+machines they run on.
+
+Commits are single statements:
+
+- ``put`` is one statement (one round trip, in autocommit: its own transaction). It locks the
+  thread's lease row (``FOR UPDATE``), then its head row (``FOR UPDATE``), then the parent
+  checkpoint (``FOR KEY SHARE``, so a concurrent ``prune`` cannot delete it), decides, and only
+  if every check passes moves the head (``INSERT ... ON CONFLICT DO UPDATE ... WHERE head_id =
+  expected``, whose row count is the compare-and-set), inserts the checkpoint and its channel
+  rows and deletes the parent's pending writes. A failed check writes nothing and reports why.
+- ``put_writes`` is one statement too (lease row ``FOR SHARE``, checkpoint ``FOR KEY SHARE``).
+- Every operation takes its locks in one order -- lease row, head rows (by namespace), then
+  checkpoint and thread rows -- so concurrent writers, pruners and the expiry sweep cannot
+  deadlock.
+
+Clock: lease expiry and thread TTLs are decided with the database clock
+(``clock_timestamp()``), never the workers' clocks, so machines whose clocks disagree still agree
+on when a lease has expired. :attr:`~graphexec.Lease.expires_at` is that clock's Unix time.
+(``created_at`` of a checkpoint is the writer's clock, as with every backend.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from checkpointers import _sql as sql
+from checkpointers._crypto import Encryption
+from checkpointers._pg_db import PostgresDatabase, Session
+from graphexec._checkpoint import (
+    BaseCheckpointer,
+    Checkpoint,
+    CheckpointTuple,
+    Lease,
+    SnapshotPolicy,
+    ThreadInfo,
+)
+from graphexec.errors import (
+    CheckpointConflictError,
+    CheckpointError,
+    LeaseLostError,
+    StorageError,
+    ThreadBusyError,
+)
+
+__all__ = ["PostgresCheckpointer"]
+
+_TEXT_PARAMS = (
+    "thread_id",
+    "checkpoint_ns",
+    "checkpoint_id",
+    "parent_id",
+    "expected_head",
+    "before",
+    "owner",
+    "task_id",
+    "role",
+    "channel",
+    "op",
+    "source",
+    "graph_version",
+    "next_nodes",
+)
+"""Parameters sent as ``text`` (psycopg sends strings and ``None`` untyped)."""
+_EXPIRE_BATCH = 200
+_NO_LIMIT = 2**62
+_ACQUIRE_TRIES = 5
+
+# -- statements only PostgreSQL runs (row locks, the database clock, writes in CTEs) --------------
+#
+# The portable statements (reads, retention, the schema) come from checkpointers._sql. Locks are
+# always taken lease -> heads -> checkpoints/threads. "(SELECT count(*) FROM x) >= 0" in a CTE
+# makes it read x first, which orders the row locks inside one statement.
+
+_NOW = "extract(epoch FROM clock_timestamp())::float8"
+
+_PUT = f"""WITH l AS (
+        SELECT owner, epoch, expires_at FROM graphexec_leases
+        WHERE thread_id = :thread_id FOR UPDATE
+    ), h AS (
+        SELECT head_id FROM graphexec_heads
+        WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns
+          AND (SELECT count(*) FROM l) >= 0
+        FOR UPDATE
+    ), p AS (
+        SELECT cp_seq FROM graphexec_checkpoints
+        WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns
+          AND checkpoint_id = :parent_id::text AND (SELECT count(*) FROM h) >= 0
+        FOR KEY SHARE
+    ), k AS (
+        SELECT {_NOW} AS now, l.owner, l.epoch, l.expires_at,
+            (SELECT head_id FROM h) AS head, (SELECT cp_seq FROM p) AS parent_seq,
+            EXISTS (SELECT 1 FROM graphexec_checkpoints AS d
+                WHERE d.thread_id = :thread_id AND d.checkpoint_ns = :checkpoint_ns
+                  AND d.checkpoint_id = :checkpoint_id) AS dup,
+            t.thread_id IS NOT NULL AS has_thread
+        FROM (SELECT 1) AS one LEFT JOIN l ON true
+        LEFT JOIN graphexec_threads AS t ON t.thread_id = :thread_id
+    ), v AS (
+        SELECT k.*, CASE
+            WHEN :epoch::bigint IS NOT NULL AND (k.owner IS NULL OR k.epoch <> :epoch::bigint)
+                THEN 'lease_lost'
+            WHEN :epoch::bigint IS NULL AND k.owner IS NOT NULL AND k.expires_at > k.now
+                THEN 'busy'
+            WHEN k.head IS DISTINCT FROM :expected_head::text THEN 'conflict'
+            WHEN k.dup THEN 'duplicate'
+            WHEN :parent_id::text IS NOT NULL AND k.parent_seq IS NULL THEN 'no_parent'
+        END AS verdict
+        FROM k
+    ), n AS (
+        SELECT v.now, v.parent_seq, v.has_thread,
+            nextval(pg_get_serial_sequence(:checkpoints_table, 'cp_seq')) AS seq
+        FROM v WHERE v.verdict IS NULL
+    ), hd AS (
+        INSERT INTO graphexec_heads AS x (thread_id, checkpoint_ns, head_id, head_seq)
+        SELECT :thread_id, :checkpoint_ns, :checkpoint_id, n.seq FROM n
+        ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE
+        SET head_id = excluded.head_id, head_seq = excluded.head_seq
+        WHERE x.head_id = :expected_head::text
+        RETURNING x.head_seq
+    ), c AS (
+        INSERT INTO graphexec_checkpoints (
+            cp_seq, thread_id, checkpoint_ns, checkpoint_id, parent_id, step, source,
+            created_at, graph_version, next_nodes, frontier, metadata, delta_depth, delta_bytes,
+            snapshot_bytes, has_snapshot)
+        OVERRIDING SYSTEM VALUE
+        SELECT hd.head_seq, :thread_id, :checkpoint_ns, :checkpoint_id, :parent_id::text, :step,
+            :source, :created_at, :graph_version, :next_nodes, :frontier, :metadata,
+            :delta_depth, :delta_bytes, :snapshot_bytes, :has_snapshot
+        FROM hd
+        RETURNING cp_seq
+    ), b AS (
+        INSERT INTO graphexec_channels (cp_seq, role, channel, op, data)
+        SELECT c.cp_seq, r.role, r.channel, r.op, r.data
+        FROM c, unnest(:roles::text[], :channels::text[], :ops::text[], :datas::bytea[])
+            AS r(role, channel, op, data)
+    ), w AS (
+        DELETE FROM graphexec_writes
+        WHERE cp_seq = (SELECT n.parent_seq FROM n) AND EXISTS (SELECT 1 FROM c)
+    ), touch AS (
+        UPDATE graphexec_threads AS t SET touched_at = n.now, expires_at = n.now + t.ttl
+        FROM n WHERE t.thread_id = :thread_id AND t.ttl IS NOT NULL AND EXISTS (SELECT 1 FROM c)
+    ), fresh AS (
+        INSERT INTO graphexec_threads (thread_id, ttl, touched_at, expires_at)
+        SELECT :thread_id, :default_ttl::float8, n.now, n.now + :default_ttl::float8 FROM n
+        WHERE :default_ttl::float8 IS NOT NULL AND NOT n.has_thread AND EXISTS (SELECT 1 FROM c)
+        ON CONFLICT (thread_id) DO NOTHING
+    )
+    SELECT v.verdict, v.owner, v.head, v.dup, (SELECT count(*) FROM c) FROM v"""
+"""Checks and commits one checkpoint; returns ``(verdict, lease owner, head, dup, written)``.
+
+``verdict`` is NULL when every check passed; ``written`` is then 1, or 0 when another writer
+created the same new thread or namespace first (the head insert found its row).
+"""
+
+_HEAD = """SELECT head_id FROM graphexec_heads
+    WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns"""
+
+_PUT_WRITES = f"""WITH l AS (
+        SELECT owner, epoch, expires_at FROM graphexec_leases
+        WHERE thread_id = :thread_id FOR SHARE
+    ), c AS (
+        SELECT cp_seq FROM graphexec_checkpoints
+        WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns
+          AND checkpoint_id = :checkpoint_id AND (SELECT count(*) FROM l) >= 0
+        FOR KEY SHARE
+    ), v AS (
+        SELECT l.owner, (SELECT cp_seq FROM c) AS seq, CASE
+            WHEN :epoch::bigint IS NOT NULL AND (l.owner IS NULL OR l.epoch <> :epoch::bigint)
+                THEN 'lease_lost'
+            WHEN :epoch::bigint IS NULL AND l.owner IS NOT NULL AND l.expires_at > {_NOW}
+                THEN 'busy'
+            WHEN NOT EXISTS (SELECT 1 FROM c) THEN 'no_checkpoint'
+        END AS verdict
+        FROM (SELECT 1) AS one LEFT JOIN l ON true
+    ), u AS (
+        INSERT INTO graphexec_writes (cp_seq, task_id, channel, data)
+        SELECT v.seq, :task_id, r.channel, r.data
+        FROM v, unnest(:channels::text[], :datas::bytea[]) WITH ORDINALITY AS r(channel, data, n)
+        WHERE v.verdict IS NULL
+        ORDER BY r.n
+        ON CONFLICT (cp_seq, task_id, channel) DO UPDATE SET data = excluded.data
+    )
+    SELECT v.verdict, v.owner FROM v"""
+"""Checks and saves one task's writes; returns ``(verdict, lease owner)``."""
+
+_ACQUIRE = f"""INSERT INTO graphexec_leases AS x (thread_id, owner, epoch, expires_at)
+    VALUES (:thread_id, :owner, 1, {_NOW} + :ttl)
+    ON CONFLICT (thread_id) DO UPDATE
+    SET owner = excluded.owner, epoch = x.epoch + 1, expires_at = {_NOW} + :ttl
+    WHERE x.owner IS NULL OR x.owner = excluded.owner OR x.expires_at <= {_NOW}
+    RETURNING x.epoch, x.expires_at"""
+"""Takes the lease if it is free, expired or already the owner's, with the next epoch."""
+
+_LEASE_HOLDER = f"""SELECT owner, expires_at > {_NOW} FROM graphexec_leases
+    WHERE thread_id = :thread_id"""
+
+_RENEW = f"""UPDATE graphexec_leases SET expires_at = {_NOW} + :ttl
+    WHERE thread_id = :thread_id AND epoch = :epoch AND owner IS NOT NULL
+    RETURNING owner, expires_at"""
+
+_LOCK_LEASE = "SELECT 1 FROM graphexec_leases WHERE thread_id = :thread_id FOR UPDATE"
+_LOCK_HEADS = """SELECT 1 FROM graphexec_heads WHERE thread_id = :thread_id
+    ORDER BY checkpoint_ns FOR UPDATE"""
+_LOCK_CHECKPOINTS = """SELECT 1 FROM graphexec_checkpoints WHERE thread_id = :thread_id
+    ORDER BY cp_seq FOR UPDATE"""
+_LOCK_DOOMED = """SELECT 1 FROM graphexec_checkpoints WHERE cp_seq = ANY(:seqs::bigint[])
+    ORDER BY cp_seq FOR UPDATE"""
+"""Locking checkpoints before deleting them makes a ``put_writes`` in flight on one of them
+either finish first (and its writes are deleted too) or find it gone (and fail)."""
+
+_SET_TTL = f"""INSERT INTO graphexec_threads AS x (thread_id, ttl, touched_at, expires_at)
+    SELECT :thread_id, :ttl::float8, s.touched, s.touched + :ttl::float8
+    FROM (SELECT coalesce(
+        (SELECT max(c.created_at) FROM graphexec_heads AS h
+         JOIN graphexec_checkpoints AS c ON c.cp_seq = h.head_seq
+         WHERE h.thread_id = :thread_id)::float8 / 1000000, {_NOW}) AS touched) AS s
+    ON CONFLICT (thread_id) DO UPDATE
+    SET ttl = excluded.ttl, expires_at = x.touched_at + excluded.ttl"""
+"""Idle time counts from the thread's last commit, or from now for a thread without one."""
+
+_EXPIRED = f"""SELECT t.thread_id FROM graphexec_threads AS t
+    LEFT JOIN graphexec_leases AS l ON l.thread_id = t.thread_id
+    WHERE t.expires_at < {_NOW} AND (l.owner IS NULL OR l.expires_at <= {_NOW})
+    ORDER BY t.expires_at
+    LIMIT :limit"""
+_LOCK_LEASES_OF = """SELECT 1 FROM graphexec_leases WHERE thread_id = ANY(:ids::text[])
+    ORDER BY thread_id FOR UPDATE"""
+_LOCK_HEADS_OF = """SELECT 1 FROM graphexec_heads WHERE thread_id = ANY(:ids::text[])
+    ORDER BY thread_id, checkpoint_ns FOR UPDATE"""
+_LOCK_CHECKPOINTS_OF = """SELECT 1 FROM graphexec_checkpoints WHERE thread_id = ANY(:ids::text[])
+    ORDER BY cp_seq FOR UPDATE"""
+_DELETE_EXPIRED = f"""DELETE FROM graphexec_threads AS t
+    WHERE t.thread_id = ANY(:ids::text[]) AND t.expires_at < {_NOW}
+      AND NOT EXISTS (SELECT 1 FROM graphexec_leases AS l
+          WHERE l.thread_id = t.thread_id AND l.owner IS NOT NULL AND l.expires_at > {_NOW})
+    RETURNING t.thread_id"""
+"""Re-checks expiry under the locks (a commit or a lease may have come in meanwhile)."""
+
+
+def _lease_error(verdict: str, thread_id: str, lease: Lease | None, owner: Any) -> CheckpointError:
+    if verdict == "lease_lost":
+        assert lease is not None
+        return LeaseLostError(
+            f"thread {thread_id!r}: this run's lease (epoch {lease.epoch}) was lost to another "
+            "owner; its write was rejected",
+            thread_id=thread_id,
+            epoch=lease.epoch,
+        )
+    return ThreadBusyError(
+        f"thread {thread_id!r} is owned by run {owner!r}; wait for it to finish or for its "
+        "lease to expire",
+        thread_id=thread_id,
+        owner=None if owner is None else str(owner),
+    )
+
+
+def _check_lease_thread(thread_id: str, lease: Lease | None) -> None:
+    if lease is not None and lease.thread_id != thread_id:
+        raise CheckpointError(
+            f"lease for thread {lease.thread_id!r} used to write thread {thread_id!r}"
+        )
+
+
+class PostgresCheckpointer(BaseCheckpointer):
+    """Checkpoints in PostgreSQL, shared by any number of worker processes and machines.
+
+    The same delta storage, rows and queries as :class:`~checkpointers.SqliteCheckpointer`:
+    reading a checkpoint with its delta chain and pending writes, or listing a branch, is one
+    statement (a recursive CTE) and one round trip; so is every commit (see the module
+    docstring for how it locks). Runs own threads through leases whose epochs only ever
+    increase (across releases and thread deletions), checked by every commit.
+
+    Use it as an async context manager, or call :meth:`setup` (optional: the schema is created
+    on first use) and :meth:`aclose`::
+
+        async with PostgresCheckpointer.open("postgresql://app@db/app") as cp:
+            graph = builder.compile(checkpointer=cp)
+            await graph.ainvoke(inputs, thread_id="t1")
+
+    Connections come from a :class:`psycopg_pool.AsyncConnectionPool` per event loop (the
+    engine's sync facade runs on its own background loop), so up to ``pool_max`` connections
+    per loop and process. A checkpointer garbage-collected with open pools emits a
+    :class:`ResourceWarning`.
+
+    Schema: the tables (all named ``graphexec_*``) live in ``schema`` when given (created if
+    missing; every statement names it, so this works through any pooler), else in the first
+    schema of the connection's ``search_path``. Versioned migrations run in one transaction
+    under a transaction-level advisory lock, so many workers may start on an empty database at
+    once; a database migrated by a newer graphexec is refused. (No migration needs
+    ``CREATE INDEX CONCURRENTLY``: every index is created with its still empty table.)
+
+    Poolers: works through a transaction-mode pooler such as PgBouncer. It keeps no session
+    state (no ``SET``, no session advisory locks, no ``LISTEN``, no temporary tables) and, unless
+    ``prepare=True``, uses no server-side prepared statements. Limits: with a pooler, choose the
+    schema with ``schema=`` rather than ``options=-csearch_path=...`` in the DSN (PgBouncer
+    rejects or ignores startup options); ``prepare=True`` needs PgBouncer >= 1.21 with
+    ``max_prepared_statements`` set (older ones fail with "prepared statement ... already
+    exists"); a statement cancelled by the client is cancelled through the pooler, which
+    PgBouncer supports. The test suite runs the contract through PgBouncer 1.18 in transaction
+    mode.
+
+    Failures: driver errors are raised as :class:`~graphexec.errors.StorageError` naming the
+    operation. PostgreSQL rolls back whatever a broken connection left unfinished. An operation
+    whose connection broke is retried on a fresh one (a few times); a retried ``put`` whose
+    first try did commit recognises its own checkpoint and succeeds, and the other writes are
+    idempotent (only the count a retried ``prune`` or ``expire`` returns may then be short).
+
+    Args:
+        dsn: A libpq connection string or URI, for example
+            ``"postgresql://user:password@host:5432/dbname"``.
+        schema: Keep the tables in this schema instead of the ``search_path``'s first.
+        pool_min: Connections each event loop's pool keeps open.
+        pool_max: Most connections each event loop's pool opens.
+        pool_timeout: Seconds an operation waits for a free connection before
+            :class:`~graphexec.errors.StorageError`.
+        prepare: Use server-side prepared statements for frequent statements (direct
+            connections, or a pooler that supports them). Parsing and planning the commit
+            statement costs more than running it: prepared, a commit takes about half the time.
+        snapshot_policy: Override when full snapshots are stored.
+        encryption: Encrypt every stored blob (values, snapshots, frontier, pending writes,
+            metadata) with AES-GCM bound to its row; see :class:`~checkpointers.Encryption`.
+        default_ttl: Seconds of inactivity after which a thread is deleted by :meth:`expire`,
+            applied to threads created from now on; :meth:`set_ttl` sets it per thread.
+    """
+
+    snapshot_policy: SnapshotPolicy = SnapshotPolicy(max_depth=400, ratio=2.0, min_bytes=16384)
+    """The SQLite backend's policy (same rows, same trade-off; see its measurements)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        pool_min: int = 1,
+        pool_max: int = 10,
+        pool_timeout: float = 30.0,
+        prepare: bool = False,
+        snapshot_policy: SnapshotPolicy | None = None,
+        encryption: Encryption | None = None,
+        default_ttl: float | None = None,
+    ) -> None:
+        if default_ttl is not None and default_ttl < 0:
+            raise ValueError(f"default_ttl must be >= 0 seconds, got {default_ttl}")
+        if snapshot_policy is not None:
+            self.snapshot_policy = snapshot_policy
+        self._db = PostgresDatabase(
+            dsn,
+            owner=f"{type(self).__name__}(schema={schema!r})",
+            migrations=sql.migrations(sql.POSTGRES),
+            version_table=sql.VERSION_TABLE,
+            schema=schema,
+            pool_min=pool_min,
+            pool_max=pool_max,
+            pool_timeout=pool_timeout,
+            prepare=prepare,
+            param_types=dict.fromkeys(_TEXT_PARAMS, "text"),
+        )
+        self._default_ttl = default_ttl
+        self._codec = sql.RowCodec(encryption)
+        self._checkpoints_table = self._db.table("graphexec_checkpoints")
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        pool_min: int = 1,
+        pool_max: int = 10,
+        pool_timeout: float = 30.0,
+        prepare: bool = False,
+        snapshot_policy: SnapshotPolicy | None = None,
+        encryption: Encryption | None = None,
+        default_ttl: float | None = None,
+    ) -> AsyncIterator[Self]:
+        """Open (creating or migrating the schema), yield, and close on exit.
+
+        Takes the same arguments as the constructor::
+
+            async with PostgresCheckpointer.open(dsn, schema="agents") as cp: ...
+        """
+        cp = cls(
+            dsn,
+            schema=schema,
+            pool_min=pool_min,
+            pool_max=pool_max,
+            pool_timeout=pool_timeout,
+            prepare=prepare,
+            snapshot_policy=snapshot_policy,
+            encryption=encryption,
+            default_ttl=default_ttl,
+        )
+        try:
+            await cp.setup()
+            yield cp
+        finally:
+            await cp.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self.setup()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._db.where!r})"
+
+    @property
+    def schema(self) -> str | None:
+        """The schema holding the tables (``None``: the ``search_path``'s first)."""
+        return self._db.schema
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Open this event loop's pool and create or migrate the schema. Idempotent.
+
+        Raises:
+            StorageError: The server cannot be reached, or the schema was written by a newer
+                graphexec.
+        """
+        await self._db.open()
+
+    async def aclose(self) -> None:
+        """Close every pool this checkpointer opened, in every event loop.
+
+        The checkpointer cannot be used afterwards.
+        """
+        await self._db.aclose()
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def put(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        expected_head: str | None,
+        lease: Lease | None = None,
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put`.
+
+        One statement: lease check, head compare-and-set, the checkpoint row and its channel
+        rows, the head move, the removal of the parent's pending writes and the thread's TTL.
+        """
+        cp = checkpoint
+        if cp.parent_id is None and cp.snapshot is None:
+            raise CheckpointError(
+                f"thread {cp.thread_id!r}: checkpoint {cp.checkpoint_id!r} has no parent, so it "
+                "must carry a snapshot"
+            )
+        _check_lease_thread(cp.thread_id, lease)
+        params, rows = self._codec.encode(cp)
+        params.update(
+            expected_head=expected_head,
+            epoch=None if lease is None else lease.epoch,
+            default_ttl=self._default_ttl,
+            checkpoints_table=self._checkpoints_table,
+            roles=[r[0] for r in rows],
+            channels=[r[1] for r in rows],
+            ops=[r[2] for r in rows],
+            datas=[r[3] for r in rows],
+        )
+
+        async def body(s: Session) -> tuple[Any, ...]:
+            row = await s.fetch_one(_PUT, params)
+            assert row is not None
+            verdict, owner, head, dup, written = row
+            if verdict is None and not written:  # another writer created the thread/ns first
+                current = await s.fetch_one(_HEAD, params)
+                head = None if current is None else current[0]
+                verdict = "conflict"
+            return verdict, owner, head, dup, s.attempt
+
+        verdict, owner, head, dup, attempt = await self._db.run("put", body)
+        if verdict is None:
+            return
+        if attempt > 1 and dup:
+            return  # the try whose connection broke did commit: this checkpoint is ours
+        if verdict in ("lease_lost", "busy"):
+            raise _lease_error(verdict, cp.thread_id, lease, owner)
+        if verdict == "conflict":
+            raise CheckpointConflictError(
+                f"thread {cp.thread_id!r}: expected head {expected_head!r} but the head is "
+                f"{head!r}; another run committed first. Reload the thread and retry.",
+                thread_id=cp.thread_id,
+                expected_head=expected_head,
+                actual_head=head,
+            )
+        if verdict == "duplicate":
+            raise CheckpointError(
+                f"thread {cp.thread_id!r}: checkpoint {cp.checkpoint_id!r} already exists"
+            )
+        raise CheckpointError(
+            f"thread {cp.thread_id!r}: parent checkpoint {cp.parent_id!r} does not exist"
+        )
+
+    async def put_writes(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        *,
+        lease: Lease | None = None,
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put_writes`. One statement."""
+        _check_lease_thread(thread_id, lease)
+        last = dict(writes)  # a channel written twice keeps its first position, last value
+        stored = self._codec.write_rows(
+            thread_id, checkpoint_ns, checkpoint_id, task_id, list(last.items())
+        )
+        params = {
+            "thread_id": thread_id,
+            "checkpoint_ns": checkpoint_ns,
+            "checkpoint_id": checkpoint_id,
+            "task_id": task_id,
+            "epoch": None if lease is None else lease.epoch,
+            "channels": [ch for ch, _ in stored],
+            "datas": [data for _, data in stored],
+        }
+        [(verdict, owner)] = await self._db.fetch("put_writes", _PUT_WRITES, params)
+        if verdict is None:
+            return
+        if verdict == "no_checkpoint":
+            raise CheckpointError(
+                f"thread {thread_id!r}: cannot save writes for unknown checkpoint {checkpoint_id!r}"
+            )
+        raise _lease_error(verdict, thread_id, lease, owner)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get(
+        self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None
+    ) -> CheckpointTuple | None:
+        """See :meth:`BaseCheckpointer.get`. One statement, whatever the chain length."""
+        rows = await self._db.fetch(
+            "get",
+            sql.GET_CHECKPOINT,
+            {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "checkpoint_id": checkpoint_id,
+            },
+        )
+        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows)
+
+    async def list(
+        self,
+        thread_id: str,
+        checkpoint_ns: str = "",
+        *,
+        limit: int | None = None,
+        before: str | None = None,
+    ) -> Sequence[Checkpoint]:
+        """See :meth:`BaseCheckpointer.list`. One statement (a recursive walk of the branch)."""
+        if limit is not None and limit < 1:
+            return []
+        rows = await self._db.fetch(
+            "list",
+            sql.LIST_CHECKPOINTS,
+            {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "before": before,
+                "limit": _NO_LIMIT if limit is None else limit,
+            },
+        )
+        found, _ = self._codec.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
+        return [cp for _, cp in found]
+
+    async def list_tips(self, thread_id: str, checkpoint_ns: str = "") -> Sequence[Checkpoint]:
+        """See :meth:`BaseCheckpointer.list_tips`."""
+        rows = await self._db.fetch(
+            "list_tips", sql.LIST_TIPS, {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}
+        )
+        found, _ = self._codec.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
+        tips = [cp for _, cp in found]
+        return sorted(tips, key=lambda c: (c.created_at, c.checkpoint_id), reverse=True)
+
+    async def list_threads(self) -> Sequence[ThreadInfo]:
+        """See :meth:`BaseCheckpointer.list_threads`."""
+        rows = await self._db.fetch("list_threads", sql.LIST_THREADS)
+        return [
+            ThreadInfo(
+                thread_id=thread_id,
+                head_id=head_id,
+                step=step,
+                updated_at=sql.from_micros(created_at),
+                next_nodes=sql.json_tuple(next_nodes),
+                checkpoints=count,
+            )
+            for thread_id, head_id, step, created_at, next_nodes, count in rows
+        ]
+
+    # -- retention --------------------------------------------------------------------------
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """See :meth:`BaseCheckpointer.delete_thread`.
+
+        Also drops the thread's TTL. The lease is released, but its epoch is kept so a run that
+        held it before the deletion can never write again.
+        """
+        key = {"thread_id": thread_id}
+
+        async def body(s: Session) -> None:
+            await s.fetch(_LOCK_LEASE, key)
+            await s.fetch(_LOCK_HEADS, key)
+            await s.fetch(_LOCK_CHECKPOINTS, key)
+            for statement in sql.DELETE_THREAD:
+                await s.fetch(statement, key)
+
+        await self._db.transaction("delete_thread", body)
+
+    async def prune(
+        self,
+        thread_id: str,
+        *,
+        keep_last: int,
+        rebase: tuple[str, Mapping[str, bytes]] | None = None,
+    ) -> int:
+        """See :meth:`BaseCheckpointer.prune`. One transaction, every namespace of the thread.
+
+        The thread's head rows are locked first, so commits to the thread wait for the prune
+        (and a prune waits for a commit in flight) instead of racing it.
+        """
+        if keep_last < 1:
+            raise ValueError(f"prune(keep_last={keep_last}): keep at least 1 checkpoint")
+        codec = self._codec
+        rebase_rows: list[sql.ChannelRow] = []
+        rebase_bytes = 0
+        if rebase is not None:
+            rebase_rows = codec.snapshot_rows(thread_id, "", rebase[0], rebase[1])
+            rebase_bytes = sum(len(b) for b in rebase[1].values())
+
+        async def body(s: Session) -> int:
+            await s.fetch(_LOCK_HEADS, {"thread_id": thread_id})
+            if rebase is not None:
+                target = await s.fetch(
+                    sql.REBASE_TARGET, {"thread_id": thread_id, "checkpoint_id": rebase[0]}
+                )
+                for seq, metadata, *structure in target:
+                    if structure[-1]:  # has_snapshot: nothing to do
+                        continue
+                    manifest = await s.fetch(sql.CHANNEL_MANIFEST, {"cp_seq": seq})
+                    resealed = codec.rebased_metadata(
+                        (thread_id, "", rebase[0]),
+                        metadata,
+                        structure,
+                        [(r, c, o) for r, c, o in manifest],
+                        rebase_rows,
+                        rebase_bytes,
+                    )
+                    await s.execute_many(
+                        sql.INSERT_CHANNEL,
+                        [
+                            {"cp_seq": seq, "role": role, "channel": ch, "op": op, "data": data}
+                            for role, ch, op, data in rebase_rows
+                        ],
+                    )
+                    await s.fetch(
+                        sql.REBASE,
+                        {"cp_seq": seq, "snapshot_bytes": rebase_bytes, "metadata": resealed},
+                    )
+            doomed = await s.fetch(
+                sql.PRUNE_DOOMED, {"thread_id": thread_id, "keep_last": keep_last}
+            )
+            seqs = [{"cp_seq": seq} for (seq,) in doomed]
+            if seqs:
+                await s.fetch(_LOCK_DOOMED, {"seqs": [seq for (seq,) in doomed]})
+            for statement in (sql.DELETE_CHANNELS_OF, sql.DELETE_WRITES_OF, sql.DELETE_CHECKPOINT):
+                await s.execute_many(statement, seqs)
+            return len(seqs)
+
+        return await self._db.transaction("prune", body)
+
+    async def set_ttl(self, thread_id: str, ttl: float | None) -> None:
+        """Delete ``thread_id`` (on the next :meth:`expire`) once idle for ``ttl`` seconds.
+
+        Idle time counts from the thread's last committed checkpoint (from now, for a thread
+        without checkpoints yet). ``None`` removes the TTL.
+
+        Raises:
+            ValueError: ``ttl`` is negative.
+        """
+        if ttl is not None and ttl < 0:
+            raise ValueError(f"ttl must be >= 0 seconds or None, got {ttl}")
+        await self._db.fetch("set_ttl", _SET_TTL, {"thread_id": thread_id, "ttl": ttl})
+
+    async def expire(self) -> int:
+        """Delete every thread idle for longer than its TTL; return how many were deleted.
+
+        A thread whose lease is live (a run is on it) is skipped until its next sweep. Deletes
+        in batches, one transaction each; several processes may sweep at once.
+        """
+        total = 0
+        while True:
+
+            async def body(s: Session) -> tuple[int, int]:
+                found = [t for (t,) in await s.fetch(_EXPIRED, {"limit": _EXPIRE_BATCH})]
+                if not found:
+                    return 0, 0
+                ids = {"ids": sorted(found)}
+                await s.fetch(_LOCK_LEASES_OF, ids)
+                await s.fetch(_LOCK_HEADS_OF, ids)
+                await s.fetch(_LOCK_CHECKPOINTS_OF, ids)
+                doomed = [{"thread_id": t} for (t,) in await s.fetch(_DELETE_EXPIRED, ids)]
+                for statement in sql.DELETE_THREAD:
+                    await s.execute_many(statement, doomed)
+                return len(found), len(doomed)
+
+            found, deleted = await self._db.transaction("expire", body)
+            total += deleted
+            if found < _EXPIRE_BATCH:
+                return total
+
+    # -- leases -----------------------------------------------------------------------------
+
+    async def acquire_lease(self, thread_id: str, *, owner: str, ttl: float) -> Lease:
+        """See :meth:`BaseCheckpointer.acquire_lease`. Epochs increase across processes."""
+        params = {"thread_id": thread_id, "owner": owner, "ttl": float(ttl)}
+
+        async def body(s: Session) -> Lease:
+            for _ in range(_ACQUIRE_TRIES):
+                taken = await s.fetch_one(_ACQUIRE, params)
+                if taken is not None:
+                    return Lease(thread_id, owner, int(taken[0]), float(taken[1]))
+                holder = await s.fetch_one(_LEASE_HOLDER, params)
+                if holder is not None and holder[0] is not None and holder[1]:
+                    raise ThreadBusyError(
+                        f"thread {thread_id!r} is owned by run {holder[0]!r} until its lease "
+                        "expires; retry later or pass on_busy='wait'",
+                        thread_id=thread_id,
+                        owner=holder[0],
+                    )
+                # released or expired between the two statements: try again
+            raise StorageError(
+                f"acquire_lease({thread_id!r}): the lease changed hands {_ACQUIRE_TRIES} times "
+                "while it was being taken; retry"
+            )
+
+        return await self._db.run("acquire_lease", body)
+
+    async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
+        """See :meth:`BaseCheckpointer.renew_lease`."""
+        rows = await self._db.fetch(
+            "renew_lease",
+            _RENEW,
+            {"thread_id": lease.thread_id, "epoch": lease.epoch, "ttl": float(ttl)},
+        )
+        if not rows:
+            raise LeaseLostError(
+                f"thread {lease.thread_id!r}: lease epoch {lease.epoch} was taken over",
+                thread_id=lease.thread_id,
+                epoch=lease.epoch,
+            )
+        owner, expires_at = rows[0]
+        return Lease(lease.thread_id, owner, lease.epoch, float(expires_at))
+
+    async def release_lease(self, lease: Lease) -> None:
+        """See :meth:`BaseCheckpointer.release_lease`."""
+        await self._db.fetch(
+            "release_lease", sql.RELEASE_LEASE, {"thread_id": lease.thread_id, "epoch": lease.epoch}
+        )

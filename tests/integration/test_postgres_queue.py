@@ -1,0 +1,207 @@
+"""The PostgreSQL run queue and workers: durability, ordering, takeover, shutdown, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from pg import fresh_schema, postgres_dsn, schema_dsn
+
+from checkpointers.queue import RunQueue, Worker
+from graphexec import Command
+
+pytestmark = pytest.mark.postgres
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+@pytest.fixture
+async def dsn() -> AsyncIterator[str]:
+    async with fresh_schema() as name:
+        async with await psycopg.AsyncConnection.connect(postgres_dsn(), autocommit=True) as c:
+            await c.execute(f'CREATE SCHEMA "{name}"')
+        yield schema_dsn(name)
+
+
+@pytest.fixture
+async def queue(dsn: str) -> AsyncIterator[RunQueue]:
+    q = RunQueue(dsn)
+    await q.setup()
+    try:
+        yield q
+    finally:
+        await q.aclose()
+
+
+def graphs() -> dict[str, object]:
+    sys.path.insert(0, str(HERE))
+    import queue_graphs
+
+    return {
+        "chain": queue_graphs.build_chain(),
+        "asking": queue_graphs.build_asking(),
+        "broken": queue_graphs.build_broken(),
+    }
+
+
+async def serve(dsn: str, runs: int, **options: float) -> Worker:
+    worker = Worker(dsn, graphs(), lease_ttl=1.5, poll_interval=0.05, **options)  # type: ignore[arg-type]
+    await asyncio.wait_for(worker.run(max_runs=runs), 60)
+    return worker
+
+
+def trace_counts(path: Path) -> Counter[str]:
+    if not path.exists():
+        return Counter()
+    return Counter(line.strip() for line in path.read_text().splitlines() if line.strip())
+
+
+def spawn_worker(dsn: str, trace: Path, *extra: str, step: float = 0.3) -> subprocess.Popen[str]:
+    """A ``graphexec worker`` process; its output goes to a ``.log`` file beside ``trace``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")])
+    env["GRAPHEXEC_TEST_TRACE"] = str(trace)
+    env["GRAPHEXEC_TEST_STEP_SECONDS"] = str(step)
+    command = [sys.executable, "-m", "graphexec.cli", "worker", "--dsn", dsn]
+    command += ["--lease-ttl", "1.5", "queue_graphs:chain", *extra]
+    log = trace.with_suffix(f".{time.monotonic_ns()}.log")
+    with log.open("w") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def logs(trace: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted(trace.parent.glob("*.log")))
+
+
+async def wait_for_trace(path: Path, lines: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(trace_counts(path).values()) < lines:
+        assert time.monotonic() < deadline, f"worker wrote {trace_counts(path)} in {timeout}s"
+        await asyncio.sleep(0.02)
+
+
+async def test_enqueue_is_durable_listed_and_cancellable(queue: RunQueue, dsn: str) -> None:
+    rid = await queue.enqueue("chain", {"log": []}, thread_id="t1")
+    again = await queue.enqueue("chain", {"log": []}, thread_id="t1", run_id=rid)
+    assert again == rid  # idempotent by run id
+    other = RunQueue(dsn)  # another client sees it at once: it was committed before returning
+    try:
+        run = await other.get(rid)
+    finally:
+        await other.aclose()
+    assert run is not None and run.status == "queued" and run.thread_id == "t1"
+    assert [r.run_id for r in await queue.list(status="queued")] == [rid]
+    cancelled = await queue.cancel(rid)
+    assert cancelled.status == "cancelled" and cancelled.finished
+    assert await queue.get("nope") is None
+
+
+async def test_worker_runs_records_status_and_keeps_thread_order(queue: RunQueue, dsn: str) -> None:
+    first = await queue.enqueue("chain", {"log": ["a"]}, thread_id="t")
+    second = await queue.enqueue("chain", {"log": ["b"]}, thread_id="t")
+    third = await queue.enqueue("chain", {"log": ["c"]}, thread_id="other")
+    # two workers at once: runs of thread "t" still go one after another, in order
+    await asyncio.gather(serve(dsn, 2, concurrency=2), serve(dsn, 1, concurrency=2))
+    runs = {r: await queue.wait(r, timeout=10) for r in (first, second, third)}
+    assert {r.status for r in runs.values()} == {"done"}
+    assert runs[first].finished_at is not None and runs[second].started_at is not None
+    assert runs[first].finished_at <= runs[second].started_at
+    g = graphs()["chain"]
+    from checkpointers.postgres import PostgresCheckpointer
+
+    store = PostgresCheckpointer(dsn)
+    try:
+        state = await g.with_checkpointer(store).aget_state("t")  # type: ignore[attr-defined]
+    finally:
+        await store.aclose()
+    steps = [f"s{i}" for i in range(6)]
+    assert state.values["log"] == ["a", *steps, "b", *steps]
+
+
+async def test_interrupted_run_then_resume_through_the_queue(queue: RunQueue, dsn: str) -> None:
+    rid = await queue.enqueue("asking", {"log": []}, thread_id="h")
+    await serve(dsn, 1)
+    paused = await queue.wait(rid, timeout=10)
+    assert paused.status == "interrupted"
+    resumed = await queue.enqueue("asking", Command(resume="yes"), thread_id="h")
+    await serve(dsn, 1)
+    done = await queue.wait(resumed, timeout=10)
+    assert done.status == "done" and done.checkpoint_id is not None
+
+
+async def test_failed_run_records_the_error(queue: RunQueue, dsn: str) -> None:
+    rid = await queue.enqueue("broken", {"log": []}, thread_id="f")
+    await serve(dsn, 1)
+    run = await queue.wait(rid, timeout=10)
+    assert run.status == "failed" and run.error is not None and "CRM is down" in run.error
+
+
+async def test_sigkilled_worker_is_taken_over_and_resumed(
+    queue: RunQueue, dsn: str, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.txt"
+    rid = await queue.enqueue("chain", {"log": []}, thread_id="k")
+    victim = spawn_worker(dsn, trace)
+    try:
+        await wait_for_trace(trace, 2)  # two steps done, the third running
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+    done_before = trace_counts(trace)
+    rescuer = spawn_worker(dsn, trace, "--max-runs", "1", step=0.0)
+    try:
+        assert rescuer.wait(60) == 0, logs(trace)
+    finally:
+        if rescuer.poll() is None:
+            rescuer.kill()
+    run = await queue.wait(rid, timeout=10)
+    assert run.status == "done" and run.attempts == 2
+    counts = trace_counts(trace)
+    assert all(counts[f"k s{i}"] >= 1 for i in range(6))
+    # steps committed before the kill ran once; at most the step in flight ran twice
+    assert sum(counts.values()) - 6 <= 1
+    assert all(counts[k] == 1 for k in done_before if k != max(done_before))
+
+
+async def test_sigterm_hands_runs_back(queue: RunQueue, dsn: str, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.txt"
+    rid = await queue.enqueue("chain", {"log": []}, thread_id="g")
+    leaving = spawn_worker(dsn, trace, "--grace", "0")
+    try:
+        await wait_for_trace(trace, 1)
+        leaving.send_signal(signal.SIGTERM)
+        assert leaving.wait(20) == 0, logs(trace)
+    finally:
+        if leaving.poll() is None:
+            leaving.kill()
+    handed_back = await queue.get(rid)
+    assert handed_back is not None and handed_back.status == "queued"
+    await serve(dsn, 1)
+    run = await queue.wait(rid, timeout=10)
+    assert run.status == "done" and run.attempts == 2
+
+
+async def test_cancel_a_running_run(queue: RunQueue, dsn: str, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.txt"
+    rid = await queue.enqueue("chain", {"log": []}, thread_id="c")
+    worker = spawn_worker(dsn, trace, "--max-runs", "1", step=0.5)
+    try:
+        await wait_for_trace(trace, 1)
+        await queue.cancel(rid)
+        run = await queue.wait(rid, timeout=15)
+        assert run.status == "cancelled"
+        assert worker.wait(20) == 0, logs(trace)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert sum(trace_counts(trace).values()) < 6
