@@ -36,7 +36,7 @@ def _step(name: str) -> Any:
     return node
 
 
-def build_chain(steps: int = 6) -> CompiledGraph[State]:
+def build_chain(steps: int = 6, name: str = "chain") -> CompiledGraph[State]:
     """``s0 -> s1 -> ... -> s<steps-1>``."""
     names = [f"s{i}" for i in range(steps)]
     b = StateGraph(State)
@@ -45,7 +45,7 @@ def build_chain(steps: int = 6) -> CompiledGraph[State]:
     b.add_edge(START, names[0])
     b.add_sequence(names)
     b.add_edge(names[-1], END)
-    return b.compile(name="chain", lease_ttl=1.5)
+    return b.compile(name=name, lease_ttl=1.5)
 
 
 def build_asking() -> CompiledGraph[State]:
@@ -77,5 +77,6 @@ def build_broken() -> CompiledGraph[State]:
 
 
 chain = build_chain()
+short = build_chain(2, name="short")
 asking = build_asking()
 broken = build_broken()

@@ -66,14 +66,16 @@ def trace_counts(path: Path) -> Counter[str]:
     return Counter(line.strip() for line in path.read_text().splitlines() if line.strip())
 
 
-def spawn_worker(dsn: str, trace: Path, *extra: str, step: float = 0.3) -> subprocess.Popen[str]:
+def spawn_worker(
+    dsn: str, trace: Path, *extra: str, step: float = 0.3, graph: str = "queue_graphs:chain"
+) -> subprocess.Popen[str]:
     """A ``graphexec worker`` process; its output goes to a ``.log`` file beside ``trace``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")])
     env["GRAPHEXEC_TEST_TRACE"] = str(trace)
     env["GRAPHEXEC_TEST_STEP_SECONDS"] = str(step)
     command = [sys.executable, "-m", "graphexec.cli", "worker", "--dsn", dsn]
-    command += ["--lease-ttl", "1.5", "queue_graphs:chain", *extra]
+    command += ["--lease-ttl", "1.5", graph, *extra]
     log = trace.with_suffix(f".{time.monotonic_ns()}.log")
     with log.open("w") as out:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -205,3 +207,33 @@ async def test_cancel_a_running_run(queue: RunQueue, dsn: str, tmp_path: Path) -
         if worker.poll() is None:
             worker.kill()
     assert sum(trace_counts(trace).values()) < 6
+
+
+async def test_four_workers_drain_200_runs_none_lost_none_twice(
+    queue: RunQueue, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.txt"
+    ids = [await queue.enqueue("short", {"log": []}, thread_id=f"d{i}") for i in range(200)]
+    workers = [
+        spawn_worker(queue.dsn, trace, "--concurrency", "2", step=0.0, graph="queue_graphs:short")
+        for _ in range(4)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while len(await queue.list(status="done", limit=1000)) < 200:
+            assert time.monotonic() < deadline, logs(trace)
+            assert all(w.poll() is None for w in workers), logs(trace)
+            await asyncio.sleep(0.2)
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+    runs = [await queue.get(r) for r in ids]
+    assert all(r is not None and r.status == "done" and r.attempts == 1 for r in runs)
+    counts = trace_counts(trace)
+    assert len(counts) == 400 and set(counts.values()) == {1}  # every step of every run, once
+    assert len({r.worker_id for r in runs if r is not None}) > 1  # the work was shared
