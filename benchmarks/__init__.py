@@ -7,7 +7,7 @@ with :func:`register`.
 
 from __future__ import annotations
 
-from benchmarks import _concurrency, _growth, workloads
+from benchmarks import _concurrency, _growth, _workers, workloads
 from benchmarks._core import REGISTRY, BenchmarkError, Metric, Sample, Workload, register
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Workload",
     "_concurrency",
     "_growth",
+    "_workers",
     "register",
     "workloads",
 ]

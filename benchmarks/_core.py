@@ -117,6 +117,11 @@ class Workload(ABC):
     def __init__(self, *, quick: bool = False) -> None:
         self.quick = quick
 
+    def unsupported(self, system: Adapter) -> str | None:
+        """Why ``system`` cannot run this workload at all (``"unavailable: ..."``, shown as
+        ``n/a``), or ``None`` when it can."""
+        return None
+
     @abstractmethod
     def params(self) -> dict[str, Any]:
         """The sizes this instance runs with (recorded in the output)."""
@@ -230,7 +235,9 @@ def run_workload(
     name = result.case
     live: list[Adapter] = []
     for system in systems:
-        reason = system.unavailable(env.backend) if env.backend in BACKENDS else None
+        reason = workload.unsupported(system)
+        if reason is None and env.backend in BACKENDS:
+            reason = system.unavailable(env.backend)
         if reason is not None:
             result.skipped[system.name] = reason
             progress(f"{name}: {system.name} {reason}")

@@ -36,7 +36,15 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # psycopg is an optional dependency: import the PostgreSQL backend on first use only.
     if name == "PostgresCheckpointer":
-        from checkpointers.postgres import PostgresCheckpointer
-
+        try:
+            from checkpointers.postgres import PostgresCheckpointer
+        except ModuleNotFoundError as e:
+            if e.name is None or e.name.split(".")[0] not in ("psycopg", "psycopg_pool"):
+                raise
+            raise ModuleNotFoundError(
+                "PostgresCheckpointer needs psycopg 3 with its pool: "
+                "pip install 'graphexec[postgres]'",
+                name=e.name,
+            ) from e
         return PostgresCheckpointer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

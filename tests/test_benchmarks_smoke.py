@@ -175,3 +175,26 @@ def test_postgres_without_dsn_is_refused() -> None:
     proc = _bench("chain", "--backend", "postgres")
     assert proc.returncode == 2
     assert "--dsn" in proc.stderr
+
+
+def test_workers_graph_runs_and_the_workload_needs_postgres() -> None:
+    # The queue workload itself needs PostgreSQL; here only its graph and its selection.
+    import asyncio
+    from types import SimpleNamespace
+
+    from benchmarks._core import REGISTRY, cases
+    from benchmarks._systems import LANGGRAPH, GraphexecAdapter
+    from benchmarks._workers import GRAPH_NAME, NODES, chain_graph
+    from graphexec import InMemoryCheckpointer
+
+    graph = chain_graph().with_checkpointer(InMemoryCheckpointer())
+    assert graph.name == GRAPH_NAME
+    out = asyncio.run(graph.ainvoke({"n": 0, "log": []}, thread_id="t"))
+    assert out["n"] == NODES and len(out["log"]) == NODES
+    workload = REGISTRY["workers"](quick=True)
+    assert workload.params()["runs"] == 40
+    assert cases(workload, ["memory", "sqlite"], ["sync"], tmp=ROOT) == []
+    assert len(cases(workload, ["postgres"], ["sync"], tmp=ROOT, dsn="postgresql://x")) == 1
+    assert workload.unsupported(GraphexecAdapter()) is None
+    reason = workload.unsupported(SimpleNamespace(name=LANGGRAPH))  # type: ignore[arg-type]
+    assert reason is not None and reason.startswith("unavailable")

@@ -274,7 +274,18 @@ def test_memory_is_a_package_with_a_pinned_api() -> None:
         "SqliteFactStore",
         "SqliteBlockStore",
         "SqliteRecallStore",
+        "SqliteArchivalStore",
+        "NewPassage",
+        "TokenCounter",
+        "EstimatingTokenCounter",
+        "estimate_tokens",
+        "extractive_summary",
+        "Embedder",
+        "HashingEmbedder",
+        "MiniLMEmbedder",
     }
+    for name in memory.__all__:
+        assert getattr(memory, name) is not None  # lazily exported names resolve too
     assert len(memory.__all__) == len(set(memory.__all__))
     with pytest.raises(AttributeError):
         _ = memory.NoSuchThing
