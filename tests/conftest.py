@@ -26,7 +26,11 @@ def _backends() -> list[str]:
     return names
 
 
-@pytest.fixture(params=_backends())
+@pytest.fixture(
+    params=[
+        pytest.param(n, marks=pytest.mark.postgres) if n == "postgres" else n for n in _backends()
+    ]
+)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseCheckpointer]:
     """A fresh checkpointer of each available backend."""
     if request.param == "memory":

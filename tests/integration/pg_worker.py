@@ -187,20 +187,22 @@ async def measure(dsn: str, schema: str, runs: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     memory = chain_graph(InMemoryCheckpointer())
     out["InMemoryCheckpointer sync"] = statistics.median(
-        [await per_step(memory, "sync", runs) for _ in range(3)]
+        [await per_step(memory, "sync", runs) for _ in range(5)]
     )
     cp_bytes = 0
     for prepare in (False, True):
         async with open_store(dsn, schema, prepare=prepare) as cp:
             graph = chain_graph(cp)
             for durability in ("sync", "async", "exit"):
-                samples = [await per_step(graph, durability, runs) for _ in range(3)]
+                samples = [await per_step(graph, durability, runs) for _ in range(5)]
                 label = f"PostgresCheckpointer{' prepare=True' if prepare else ''} {durability}"
                 out[label] = statistics.median(samples)
-            # the bytes one put of this chain stores (one step's deltas and frontier)
+            # the bytes one put of this chain stores: a step's deltas and frontier, on average
             thread = (await cp.list_threads())[0].thread_id
-            [step] = await cp.list(thread, limit=1)
-            cp_bytes = len(step.frontier) + sum(d.nbytes for d in step.deltas.values())
+            steps = [c for c in await cp.list(thread) if c.source == "loop"]
+            cp_bytes = sum(
+                len(c.frontier) + sum(d.nbytes for d in c.deltas.values()) for c in steps
+            ) // len(steps)
     out["floor: 1 round trip + commit (plain psycopg)"] = await _floor(dsn, schema, cp_bytes, 2000)
     out["payload bytes per checkpoint"] = cp_bytes
     return out

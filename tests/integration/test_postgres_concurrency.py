@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ def test_six_processes_migrating_a_fresh_schema_at_once_apply_each_migration_onc
 ) -> None:
     dsn = postgres_dsn()
     for round_ in range(3):
-        schema = f"gxtest_migrate_{tmp_path.name[-8:]}_{round_}".lower()
+        schema = f"gxtest_migrate_{uuid.uuid4().hex[:12]}_{round_}"  # unique across test runs
         gate = tmp_path / f"gate-{round_}"
         try:
             results = run_at_gate(
