@@ -350,30 +350,7 @@ class SqliteCheckpointer(BaseCheckpointer):
                 "checkpoint_id": checkpoint_id,
             },
         )
-        if not rows:
-            return None
-        head = next(r[16] for r in rows if r[0] == "c")
-        found, writes = self._codec.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
-        target = found[0][1]
-        chain = [cp for _, cp in reversed(found[1:])]
-        oldest = chain[0] if chain else target
-        if oldest.snapshot is None:
-            if oldest.parent_id is None:
-                raise CheckpointError(
-                    f"thread {thread_id!r}: checkpoint {target.checkpoint_id!r} has no snapshot "
-                    "in its ancestry; storage is corrupt"
-                )
-            raise CheckpointError(
-                f"thread {thread_id!r}: checkpoint {oldest.parent_id!r}, needed to read "
-                f"{target.checkpoint_id!r}, is missing"
-            )
-        pending = tuple(
-            self._codec.pending_write(
-                thread_id, checkpoint_ns, target.checkpoint_id, task_id, channel, data
-            )
-            for _, task_id, channel, data in writes
-        )
-        return CheckpointTuple(target, tuple(chain), pending, is_head=target.checkpoint_id == head)
+        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows)
 
     async def list(
         self,
