@@ -164,9 +164,9 @@ class TaskRunner(ABC):
             outcome = await self._process_result(task, result)
         if edits:
             outcome.writes = edits + outcome.writes
-            values = dict(values)
         if not outcome.interrupts:
-            outcome.routes += await self._branch_routes(task.node, values, outcome)
+            # outcome.writes already holds the edits: fold them onto the state from before them
+            outcome.routes += await self._branch_routes(task.node, self.values, outcome)
         return outcome
 
     async def _preview(self, spec: NodeSpec, task: Task, state_in: Any) -> Any:

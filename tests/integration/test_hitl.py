@@ -306,6 +306,26 @@ async def test_invalid_edits_are_refused_before_anything_is_recorded(
     assert done.values["log"] == ["drafted", "refunded 7", "closed"]
 
 
+async def test_routing_after_an_approved_edit_sees_each_write_once(
+    store: BaseCheckpointer,
+) -> None:
+    seen: list[list[str]] = []
+
+    def route(state: S) -> str:
+        seen.append(list(state["log"]))
+        return END
+
+    b = StateGraph(S)
+    b.add_node("act", note("acted"), needs_approval=True)
+    b.add_edge(START, "act")
+    b.add_conditional_edges("act", route, [END])
+    g = b.compile(checkpointer=store)
+    r = await g.arun({"log": []}, thread_id="t")
+    done = await g.arun(r.to_state().approve(0, edited={"log": ["edit"]}))
+    assert done.values["log"] == ["edit", "acted"]
+    assert seen == [["edit", "acted"]]  # the edit is folded once, not twice
+
+
 async def test_reject_default_ends_the_run_as_rejected(store: BaseCheckpointer) -> None:
     g = approval_graph(store)
     r = await g.arun({"log": []}, thread_id="t")
