@@ -1,0 +1,363 @@
+"""What every command shares: errors and exit codes, storage, graphs, input, output."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import importlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from graphexec._checkpoint import BaseCheckpointer
+from graphexec._graph import CompiledGraph
+from graphexec._types import RunResult
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CliError",
+    "Progress",
+    "dump_json",
+    "graph_for",
+    "json_arg",
+    "load_graph",
+    "open_store",
+    "print_result",
+    "short",
+    "table",
+    "to_plain",
+]
+
+EXIT_OK = 0
+"""The command did what was asked (a run finished)."""
+EXIT_FAILED = 1
+"""A run failed (a node raised), or a queued run being waited for failed."""
+EXIT_USAGE = 2
+"""A user mistake: bad arguments, a missing database, an unknown thread or checkpoint."""
+EXIT_INTERRUPTED = 3
+"""A run paused for a human (an approval, an ``interrupt()`` or a breakpoint)."""
+
+GRAPH_VARIABLE = "GRAPHEXEC_GRAPH"
+DB_VARIABLE = "GRAPHEXEC_DB"
+DSN_VARIABLE = "GRAPHEXEC_DSN"
+DEFAULT_DB = "graphexec.db"
+
+
+class CliError(Exception):
+    """A user mistake: reported as one line on stderr, exit status 2, nothing written."""
+
+
+# -- graphs ---------------------------------------------------------------------------------
+
+
+def load_graph(spec: str) -> tuple[str, CompiledGraph[Any]]:
+    """Import ``[name=]module:attribute`` and return ``(name, graph)``.
+
+    The attribute may be a compiled graph, a ``StateGraph`` (compiled here) or a zero-argument
+    function returning either. The name defaults to the graph's ``name``. The module is imported
+    from the current directory first, as ``python -m`` would.
+    """
+    from graphexec._builder import StateGraph
+
+    name, _, target = spec.rpartition("=")
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"{spec!r}: expected MODULE:ATTRIBUTE, e.g. myapp.flows:graph")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise CliError(f"cannot import module {module_name!r} (from {spec!r}): {e}") from e
+    except Exception as e:  # the module's own code failed while importing
+        raise CliError(f"importing module {module_name!r} failed: {type(e).__name__}: {e}") from e
+    try:
+        obj: Any = getattr(module, attr)
+    except AttributeError as e:
+        raise CliError(f"module {module_name!r} has no attribute {attr!r}") from e
+    if callable(obj) and not isinstance(obj, CompiledGraph | StateGraph):
+        try:
+            obj = obj()
+        except Exception as e:
+            raise CliError(f"{target}() failed: {type(e).__name__}: {e}") from e
+    if isinstance(obj, StateGraph):
+        obj = obj.compile(name=attr)
+    if not isinstance(obj, CompiledGraph):
+        raise CliError(f"{target} is a {type(obj).__name__}, not a graph (StateGraph or compiled)")
+    return (name or obj.name), obj
+
+
+def graph_for(args: argparse.Namespace, command: str) -> tuple[str, CompiledGraph[Any]]:
+    """The graph of ``--graph`` (or ``$GRAPHEXEC_GRAPH``), loaded; a clear error without one.
+
+    Graphs are never imported from names stored in the database: the user names the module.
+    """
+    spec = getattr(args, "graph", None) or os.environ.get(GRAPH_VARIABLE)
+    if not spec:
+        raise CliError(
+            f"{command} needs the graph that wrote the thread (to fold its state and run its "
+            f"nodes): pass --graph MODULE:ATTRIBUTE or set {GRAPH_VARIABLE}"
+        )
+    _, graph = load_graph(spec)
+    return spec, graph
+
+
+# -- storage --------------------------------------------------------------------------------
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--db PATH`` / ``--dsn URL`` (and ``--schema``) to a command that uses threads."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--db",
+        metavar="PATH",
+        default=None,
+        help=f"SQLite file (default: ${DB_VARIABLE} or ./{DEFAULT_DB})",
+    )
+    where.add_argument(
+        "--dsn", metavar="URL", default=None, help=f"postgresql://... (default: ${DSN_VARIABLE})"
+    )
+    parser.add_argument(
+        "--schema", default=None, help="PostgreSQL schema of the checkpoint tables (with --dsn)"
+    )
+
+
+def describe_store(args: argparse.Namespace) -> str:
+    """The database a command uses, for messages."""
+    dsn = args.dsn or (None if args.db else os.environ.get(DSN_VARIABLE))
+    if dsn:
+        return "the PostgreSQL database"
+    return str(_db_path(args))
+
+
+def _db_path(args: argparse.Namespace) -> Path:
+    return Path(args.db or os.environ.get(DB_VARIABLE) or DEFAULT_DB)
+
+
+@contextlib.asynccontextmanager
+async def open_store(
+    args: argparse.Namespace, *, create: bool = False
+) -> AsyncIterator[BaseCheckpointer]:
+    """Open the checkpointer ``--db`` / ``--dsn`` names, closing it afterwards.
+
+    Without ``create``, a SQLite file that does not exist is an error (and is not created): a
+    typo in a path must not leave an empty database behind.
+    """
+    dsn = args.dsn or (None if args.db else os.environ.get(DSN_VARIABLE))
+    store: BaseCheckpointer
+    if dsn:
+        try:
+            from checkpointers.postgres import PostgresCheckpointer
+        except ImportError as e:
+            raise CliError(
+                f"--dsn needs the PostgreSQL extra: pip install 'graphexec[postgres]' ({e})"
+            ) from e
+        store = PostgresCheckpointer(dsn, schema=args.schema)
+    else:
+        if args.schema:
+            raise CliError("--schema applies to PostgreSQL (--dsn), not to a SQLite --db")
+        from checkpointers.sqlite import SqliteCheckpointer
+
+        path = _db_path(args)
+        if path.is_dir():
+            raise CliError(f"--db {path}: is a directory; give the database file's path")
+        if not create and not path.exists():
+            raise CliError(
+                f"no database at {path}: run a graph first (graphexec run ...) or point --db at "
+                "an existing file"
+            )
+        store = SqliteCheckpointer(path, encryption=_encryption())
+    try:
+        await store.setup()
+        yield store
+    finally:
+        await store.aclose()
+
+
+def _encryption() -> Any:
+    key = os.environ.get("GRAPHEXEC_ENCRYPTION_KEY")
+    if not key:
+        return None
+    from checkpointers._crypto import Encryption
+
+    try:
+        raw = bytes.fromhex(key)
+    except ValueError as e:
+        raise CliError("GRAPHEXEC_ENCRYPTION_KEY must be 64 hex digits (a 32-byte key)") from e
+    return Encryption(keys={"cli": raw}, active="cli")
+
+
+async def thread_head(store: BaseCheckpointer, thread_id: str, where: str) -> Any:
+    """The thread's head tuple; :class:`CliError` naming the thread when it does not exist."""
+    tup = await store.get(thread_id)
+    if tup is None:
+        raise CliError(
+            f"no thread {thread_id!r} in {where}; list the threads with: graphexec threads"
+        )
+    return tup
+
+
+async def checkpoint_of(
+    store: BaseCheckpointer, thread_id: str, checkpoint_id: str, where: str
+) -> Any:
+    """The tuple of one checkpoint; :class:`CliError` naming thread and id when unknown."""
+    await thread_head(store, thread_id, where)
+    tup = await store.get(thread_id, "", checkpoint_id)
+    if tup is None:
+        raise CliError(
+            f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}; list them with: "
+            f"graphexec history {thread_id}"
+        )
+    return tup
+
+
+# -- input ----------------------------------------------------------------------------------
+
+
+def json_arg(text: str, what: str = "input") -> Any:
+    """Parse ``text`` as JSON, or the file ``@path`` names; :class:`CliError` when invalid."""
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise CliError(f"cannot read {what} file {text[1:]!r}: {e.strerror}") from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"{what} is not valid JSON: {e}") from e
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def to_plain(value: Any) -> Any:
+    """``value`` as JSON-compatible data (datetimes, dataclasses, models, sets, bytes...)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+        return [to_plain(v) for v in items]
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()}
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return to_plain(dump())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}: {value}"
+    return repr(value)
+
+
+def dump_json(value: Any, out: TextIO | None = None) -> None:
+    """Print ``value`` as one JSON document (stable key order, UTF-8 kept)."""
+    print(json.dumps(to_plain(value), ensure_ascii=False, indent=2), file=out or sys.stdout)
+
+
+def short(value: Any, width: int = 60) -> str:
+    """A one-line rendering of ``value`` at most ``width`` characters long."""
+    text = value if isinstance(value, str) else json.dumps(to_plain(value), ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    """A plain-text table with a header rule, columns padded to their widest cell."""
+    cells = [[str(h) for h in headers], *[["" if c is None else str(c) for c in r] for r in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def when(value: dt.datetime) -> str:
+    """A timestamp for tables: local-free UTC, seconds precision."""
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def result_dict(result: RunResult) -> dict[str, Any]:
+    """A run's outcome as JSON-compatible data."""
+    return {
+        "thread_id": result.thread_id,
+        "run_id": result.run_id,
+        "status": result.status,
+        "checkpoint_id": result.checkpoint_id,
+        "values": to_plain(result.values),
+        "interruptions": [
+            {"id": i.id, "node": i.node, "kind": i.kind, "value": to_plain(i.value)}
+            for i in result.interruptions
+        ],
+        "error": None if result.error is None else to_plain(result.error),
+    }
+
+
+def print_result(result: RunResult, args: argparse.Namespace, spec: str) -> int:
+    """Report a run's outcome (JSON or text) and return the exit status it means."""
+    status = {
+        "done": EXIT_OK,
+        "rejected": EXIT_OK,
+        "interrupted": EXIT_INTERRUPTED,
+        "failed": EXIT_FAILED,
+    }[result.status]
+    if args.json:
+        dump_json(result_dict(result))
+        return status
+    print(f"thread {result.thread_id}: {result.status} at checkpoint {result.checkpoint_id}")
+    for key, value in result.values.items():
+        print(f"  {key}: {short(value, 100)}")
+    if result.error is not None:
+        print(f"error: {type(result.error).__name__}: {result.error}", file=sys.stderr)
+        print(f"after fixing the cause: graphexec resume {result.thread_id} --graph {spec}")
+    for i in result.interruptions:
+        print(f"waiting: {i.kind} of node {i.node!r} (id {i.id}): {short(i.value, 80)}")
+        verb = "approve" if i.kind == "approval" else "resume"
+        extra = " --value JSON" if i.kind == "input" else ""
+        print(f"  answer with: graphexec {verb} {result.thread_id} {i.id}{extra} --graph {spec}")
+    return status
+
+
+class Progress:
+    """Progress lines for long work on stderr: rewritten in place on a terminal."""
+
+    def __init__(self, what: str, total: int | None = None, *, enabled: bool = True) -> None:
+        self._what = what
+        self._total = total
+        self._done = 0
+        self._enabled = enabled
+        self._tty = sys.stderr.isatty()
+
+    def step(self, note: str = "") -> None:
+        """Count one unit of work and show it."""
+        self._done += 1
+        if not self._enabled:
+            return
+        of = f"/{self._total}" if self._total is not None else ""
+        line = f"{self._what}: {self._done}{of}" + (f" {note}" if note else "")
+        if self._tty:
+            sys.stderr.write("\r\x1b[2K" + line)
+            sys.stderr.flush()
+        else:
+            print(line, file=sys.stderr)
+
+    def close(self) -> None:
+        """End the in-place line."""
+        if self._enabled and self._tty and self._done:
+            sys.stderr.write("\n")
+
+
+Handler = Callable[[argparse.Namespace], Any]
