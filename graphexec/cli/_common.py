@@ -49,6 +49,7 @@ GRAPH_VARIABLE = "GRAPHEXEC_GRAPH"
 DB_VARIABLE = "GRAPHEXEC_DB"
 DSN_VARIABLE = "GRAPHEXEC_DSN"
 DEFAULT_DB = "graphexec.db"
+KEYS_VARIABLE = "GRAPHEXEC_ENCRYPTION_KEYS"
 
 
 class CliError(Exception):
@@ -183,16 +184,33 @@ async def open_store(
 
 
 def _encryption() -> Any:
-    key = os.environ.get("GRAPHEXEC_ENCRYPTION_KEY")
-    if not key:
+    """Keys from ``$GRAPHEXEC_ENCRYPTION_KEYS``: ``id=HEX[,id=HEX...]``, the first one active.
+
+    The key ids must be the ones the application encrypts with (they are stored in every
+    blob); each key is 64 hex digits (32 bytes).
+    """
+    spec = os.environ.get(KEYS_VARIABLE)
+    if not spec:
         return None
     from checkpointers._crypto import Encryption
 
+    keys: dict[str, bytes] = {}
+    for part in spec.split(","):
+        key_id, sep, hexkey = part.strip().partition("=")
+        try:
+            raw = bytes.fromhex(hexkey)
+        except ValueError:
+            raw = b""
+        if not sep or not key_id or len(raw) != 32:
+            raise CliError(
+                f"{KEYS_VARIABLE} must be id=HEX[,id=HEX...] with 64 hex digits per key; "
+                f"could not read the entry for key id {key_id!r}"
+            )
+        keys[key_id] = raw
     try:
-        raw = bytes.fromhex(key)
-    except ValueError as e:
-        raise CliError("GRAPHEXEC_ENCRYPTION_KEY must be 64 hex digits (a 32-byte key)") from e
-    return Encryption(keys={"cli": raw}, active="cli")
+        return Encryption(keys=keys, active=next(iter(keys)))
+    except (ValueError, ImportError) as e:
+        raise CliError(f"{KEYS_VARIABLE}: {e}") from e
 
 
 async def thread_head(store: BaseCheckpointer, thread_id: str, where: str) -> Any:

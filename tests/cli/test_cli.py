@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 def _flows_importable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.chdir(tmp_path)
-    for var in ("GRAPHEXEC_GRAPH", "GRAPHEXEC_DB", "GRAPHEXEC_DSN", "GRAPHEXEC_ENCRYPTION_KEY"):
+    for var in ("GRAPHEXEC_GRAPH", "GRAPHEXEC_DB", "GRAPHEXEC_DSN", "GRAPHEXEC_ENCRYPTION_KEYS"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -472,3 +472,27 @@ def test_console_script_in_a_subprocess(db: Path) -> None:
     module = run([sys.executable, "-m", "graphexec.cli", "threads", "--db", str(db)], **env_cwd)
     assert module.returncode == 0
     assert any(line.split()[:2] == ["s", "3"] for line in module.stdout.splitlines())
+
+
+def test_encrypted_database(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("cryptography")
+    import asyncio
+
+    from checkpointers import Encryption, SqliteCheckpointer
+    from flows import chain
+
+    key = bytes(range(32))
+
+    async def write() -> None:
+        enc = Encryption(keys={"k2026": key}, active="k2026")
+        async with SqliteCheckpointer.open(cli.db, encryption=enc) as store:
+            await chain.with_checkpointer(store).ainvoke({"n": 0}, thread_id="secret")
+
+    asyncio.run(write())
+    user_mistake(cli, "show", "secret", "--graph", "flows:chain", says="encrypt")
+    monkeypatch.setenv("GRAPHEXEC_ENCRYPTION_KEYS", "k2026=" + "00" * 32)
+    user_mistake(cli, "show", "secret", "--graph", "flows:chain", says="k2026")
+    monkeypatch.setenv("GRAPHEXEC_ENCRYPTION_KEYS", "k2026=zz")
+    user_mistake(cli, "threads", says="GRAPHEXEC_ENCRYPTION_KEYS must be id=HEX")
+    monkeypatch.setenv("GRAPHEXEC_ENCRYPTION_KEYS", f"k2026={key.hex()}")
+    assert cli.json("show", "secret", "--graph", "flows:chain")["values"]["n"] == 3
