@@ -478,8 +478,9 @@ def test_encrypted_database(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("cryptography")
     import asyncio
 
-    from checkpointers import Encryption, SqliteCheckpointer
     from flows import chain
+
+    from checkpointers import Encryption, SqliteCheckpointer
 
     key = bytes(range(32))
 
