@@ -96,16 +96,26 @@ def load_graph(spec: str) -> tuple[str, CompiledGraph[Any]]:
     return (name or obj.name), obj
 
 
-def graph_for(args: argparse.Namespace, command: str) -> tuple[str, CompiledGraph[Any]]:
+async def graph_for(args: argparse.Namespace, command: str) -> tuple[str, CompiledGraph[Any]]:
     """The graph of ``--graph`` (or ``$GRAPHEXEC_GRAPH``), loaded; a clear error without one.
 
     Graphs are never imported from names stored in the database: the user names the module.
+    When none is given, the error shows the ``--graph`` the thread's runs were started with
+    (recorded by ``graphexec run``), for the user to confirm and pass.
     """
     spec = getattr(args, "graph", None) or os.environ.get(GRAPH_VARIABLE)
     if not spec:
+        hint = ""
+        thread = getattr(args, "thread", None)
+        if thread:
+            async with open_store(args) as store:
+                tup = await store.get(thread)
+            recorded = None if tup is None else tup.checkpoint.metadata.get("graph")
+            if isinstance(recorded, str):
+                hint = f"; thread {thread!r} was run with --graph {recorded}"
         raise CliError(
             f"{command} needs the graph that wrote the thread (to fold its state and run its "
-            f"nodes): pass --graph MODULE:ATTRIBUTE or set {GRAPH_VARIABLE}"
+            f"nodes): pass --graph MODULE:ATTRIBUTE or set {GRAPH_VARIABLE}{hint}"
         )
     _, graph = load_graph(spec)
     return spec, graph

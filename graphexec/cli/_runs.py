@@ -101,7 +101,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     value = json_arg(args.value, "--value") if args.value is not None else None
     if args.interrupt_id and args.value is None:
         raise CliError("an interrupt id answers an interrupt(): pass its answer with --value JSON")
-    spec, graph = graph_for(args, "resume")
+    spec, graph = await graph_for(args, "resume")
     async with open_store(args) as store:
         tup = await thread_head(store, args.thread, describe_store(args))
         g = graph.with_checkpointer(store)
@@ -126,7 +126,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
 
 async def cmd_replay(args: argparse.Namespace) -> int:
     """``graphexec replay T C``: re-execute from checkpoint C on a new branch of T."""
-    spec, graph = graph_for(args, "replay")
+    spec, graph = await graph_for(args, "replay")
     async with open_store(args) as store:
         await checkpoint_of(store, args.thread, args.checkpoint, describe_store(args))
         g = graph.with_checkpointer(store)
@@ -139,7 +139,7 @@ async def cmd_replay(args: argparse.Namespace) -> int:
 
 async def cmd_fork(args: argparse.Namespace) -> int:
     """``graphexec fork T C NEW``: copy thread T at checkpoint C into a new thread NEW."""
-    spec, graph = graph_for(args, "fork")
+    spec, graph = await graph_for(args, "fork")
     where = describe_store(args)
     async with open_store(args) as store:
         await checkpoint_of(store, args.thread, args.checkpoint, where)
@@ -217,7 +217,7 @@ async def _decide(args: argparse.Namespace, approve: bool) -> int:
     if not approve and edit is not None:
         raise CliError("--edit applies to an approval, not to a rejection")
     command = "approve" if approve else "reject"
-    spec, graph = graph_for(args, command)
+    spec, graph = await graph_for(args, command)
     async with open_store(args) as store:
         await thread_head(store, args.thread, describe_store(args))
         g = graph.with_checkpointer(store)

@@ -173,7 +173,7 @@ def _print_snapshot(snap: StateSnapshot) -> None:
 
 async def cmd_show(args: argparse.Namespace) -> int:
     """``graphexec show T [--checkpoint C] [--diff]``: a checkpoint's state, or what it changed."""
-    _spec, graph = graph_for(args, "show")
+    _spec, graph = await graph_for(args, "show")
     where = describe_store(args)
     async with open_store(args) as store:
         if args.checkpoint:
@@ -244,7 +244,7 @@ async def cmd_prune(args: argparse.Namespace) -> int:
         raise CliError(f"--keep-last must be at least 1, got {args.keep_last}")
     if bool(args.thread) == bool(args.all):
         raise CliError("name one thread to prune, or pass --all (and no thread)")
-    _spec, graph = graph_for(args, "prune")
+    _spec, graph = await graph_for(args, "prune")
     where = describe_store(args)
     deleted: dict[str, int] = {}
     async with open_store(args) as store:

@@ -385,7 +385,7 @@ MISTAKES: list[tuple[str, list[str], str]] = [
         ["fork", "t1", "nope", "t9", "--graph", "flows:chain"],
         "has no checkpoint",
     ),
-    ("no graph given", ["show", "t1"], "pass --graph"),
+    ("no graph given", ["show", "t1"], "thread 't1' was run with --graph flows:chain"),
     (
         "module not importable",
         ["show", "t1", "--graph", "no_such_module:g"],
