@@ -75,7 +75,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Durable agent workflows: run, inspect, time-travel, approve and serve graphs.",
         epilog="exit status: 0 done, 1 run failed, 2 usage error, 3 waiting for a human",
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help)
