@@ -687,15 +687,17 @@ class PostgresArchivalStore(ArchivalStore):
         wanted = _check_tags(tags, "tags filter") if tags is not None else ()
         limit = _check_limit(limit, "list limit")
         digest = _digest("list", self._ns, sorted(wanted))
-        filters = _LIST_TAGS if wanted else ""
         params: dict[str, Any] = {"ns": self._ns, "limit": limit + 1}
         if wanted:
             params["tags"] = list(wanted)
         if cursor is not None:
             at, seq = _decode_cursor(cursor, "list", digest, ("at", "s"))
-            filters += _LIST_AFTER_CURSOR
             params.update(at=at, seq=seq)
-        rows = await self._shared.db.fetch("archival list", _LIST.format(filters=filters), params)
+        sql = _LIST.format(
+            filters=(_LIST_TAGS if wanted else "")
+            + (_LIST_AFTER_CURSOR if cursor is not None else "")
+        )
+        rows = await self._shared.db.fetch("archival list", sql, params)
         page = rows[:limit]
         next_cursor = None
         if len(rows) > limit:
