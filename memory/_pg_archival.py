@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -34,13 +33,31 @@ from typing import Any, Literal, Self
 
 from checkpointers._pg_db import PostgresDatabase
 from graphexec.errors import MemoryStoreError
-from memory._base import ArchivalHit, ArchivalStore, Namespace, Passage, SearchPage
+from memory._base import ArchivalHit, ArchivalStore, Passage, SearchPage
 from memory._pg_common import Conn, no_nul, open_database
+from memory._pg_passages import (
+    BUMP,
+    BY_ID,
+    BY_SEQS,
+    INSERT_TAGS,
+    KEYWORD,
+    LIST,
+    LIST_AFTER_CURSOR,
+    LIST_TAGS,
+    LOCK_STATE,
+    STATE,
+    TAGS_ALL,
+    TAGS_ANY,
+    VECTORS,
+    Filters,
+    insert_rows,
+    keyword_terms,
+    state_of,
+)
 from memory._sqlite_archival import (
     _CHUNK,
     _PARALLEL_ROWS,
     DEPTH_FACTOR,
-    MAX_QUERY_TERMS,
     MAX_TOP_K,
     MIN_DEPTH,
     RRF_K,
@@ -57,7 +74,6 @@ from memory._sqlite_archival import (
     _Heap,
     _merge_top,
     _mismatch,
-    _now_us,
     _np,
     _passage,
     _Row,
@@ -67,191 +83,10 @@ from memory._sqlite_archival import (
     _top_vectors,
     _VectorCache,
 )
-from memory._text import STOPWORDS, rrf, stem
+from memory._text import rrf
 from memory.embedders import Embedder, HashingEmbedder, cosine_many, to_bytes
 
-__all__ = ["PostgresArchivalStore", "keyword_terms"]
-
-_WORD = re.compile(r"[^\W_]+")
-
-_STATE = (
-    "SELECT nsid, embedder, dim, passages, version, epoch FROM graphexec_mem_archival_ns"
-    " WHERE ns = :ns"
-)
-_LOCK_STATE = _STATE + " FOR UPDATE"
-_NEW_NS = "INSERT INTO graphexec_mem_archival_ns (ns) VALUES (:ns) ON CONFLICT (ns) DO NOTHING"
-_PASSAGE_COLUMNS = """p.seq, p.id, p.text, p.metadata, p.created_at,
-    (SELECT coalesce(json_agg(t.tag ORDER BY t.pos), '[]'::json)::text
-     FROM graphexec_mem_passage_tags AS t WHERE t.passage = p.seq)"""
-_BY_SEQS = f"""SELECT {_PASSAGE_COLUMNS} FROM graphexec_mem_passages AS p
-    WHERE p.nsid = :nsid AND p.seq = ANY(:seqs::bigint[])"""
-_BY_ID = f"""SELECT {_PASSAGE_COLUMNS} FROM graphexec_mem_passages AS p
-    JOIN graphexec_mem_archival_ns AS n ON n.nsid = p.nsid WHERE n.ns = :ns AND p.id = :id"""
-_TAGS_ANY = """SELECT passage FROM graphexec_mem_passage_tags
-    WHERE nsid = :nsid AND tag = ANY(:tags::text[])"""
-_TAGS_ALL = _TAGS_ANY + " GROUP BY passage HAVING count(*) = :ntags"
-_KEYWORD = """WITH terms AS (
-        SELECT q FROM (SELECT plainto_tsquery('english'::regconfig, w) AS q
-                       FROM unnest(:terms::text[]) AS w) AS t
-        WHERE numnode(q) > 0)
-    SELECT p.seq FROM graphexec_mem_passages AS p
-    WHERE p.nsid = :nsid AND p.tsv @@ websearch_to_tsquery('english'::regconfig, :anyq){filters}
-    AND 2 * (SELECT count(*) FROM terms WHERE p.tsv @@ terms.q) >= (SELECT count(*) FROM terms)
-    ORDER BY ts_rank(p.tsv, websearch_to_tsquery('english'::regconfig, :anyq), 1) DESC, p.seq
-    LIMIT :depth"""
-_VECTORS = """SELECT p.seq, p.created_at, p.vector FROM graphexec_mem_passages AS p
-    WHERE p.nsid = :nsid AND p.embedder = :embedder AND p.dim = :dim AND p.seq > :start{filters}
-    ORDER BY p.seq LIMIT :chunk"""
-_LIST = f"""SELECT {_PASSAGE_COLUMNS} FROM graphexec_mem_passages AS p
-    JOIN graphexec_mem_archival_ns AS n ON n.nsid = p.nsid WHERE n.ns = :ns{{filters}}
-    ORDER BY p.created_at DESC, p.seq DESC LIMIT :limit"""
-_LIST_TAGS = """ AND EXISTS (SELECT 1 FROM graphexec_mem_passage_tags AS t
-    WHERE t.passage = p.seq AND t.tag = ANY(:tags::text[]))"""
-_LIST_AFTER_CURSOR = " AND (p.created_at, p.seq) < (:at, :seq)"
-_INSERT = """INSERT INTO graphexec_mem_passages
-    (id, nsid, text, metadata, created_at, embedder, dim, vector)
-    SELECT u.id, :nsid, u.text, u.metadata, u.created_at, :embedder, :dim, u.vector
-    FROM unnest(:ids::text[], :texts::text[], :metas::text[], :times::bigint[],
-                :vectors::bytea[]) WITH ORDINALITY AS u(id, text, metadata, created_at, vector, n)
-    ORDER BY u.n RETURNING seq, id"""
-_INSERT_TAGS = """INSERT INTO graphexec_mem_passage_tags (nsid, tag, passage, pos)
-    SELECT :nsid, u.tag, u.passage, u.pos
-    FROM unnest(:tags::text[], :passages::bigint[], :positions::integer[])
-        AS u(tag, passage, pos)"""
-_KNOWN_OPS = """SELECT op_key, passage_id FROM graphexec_mem_archival_ops
-    WHERE nsid = :nsid AND op_key = ANY(:keys::text[])"""
-_INSERT_OPS = """INSERT INTO graphexec_mem_archival_ops (nsid, op_key, passage_id)
-    SELECT :nsid, u.k, u.id FROM unnest(:keys::text[], :ids::text[]) AS u(k, id)"""
-_BUMP = """UPDATE graphexec_mem_archival_ns SET passages = passages + :added,
-    version = version + 1, epoch = epoch + :vectors_changed,
-    embedder = coalesce(:embedder, embedder), dim = coalesce(:dim, dim) WHERE nsid = :nsid"""
-
-
-def keyword_terms(query: str) -> list[str]:
-    """The words keyword search looks for: distinct content words, letters and digits only.
-
-    Words sharing a stem count once; stopwords are dropped. Being plain words, they can be
-    joined with ``or`` for ``websearch_to_tsquery`` without any of them acting as an operator.
-
-    Args:
-        query: Any text.
-
-    Returns:
-        Up to :data:`~memory._sqlite_archival.MAX_QUERY_TERMS` words.
-    """
-    terms: dict[str, str] = {}
-    for word in _WORD.findall(query.casefold()):
-        if word not in STOPWORDS:
-            terms.setdefault(stem(word), word)
-    return list(terms.values())[:MAX_QUERY_TERMS]
-
-
-class _Filters:
-    def __init__(
-        self,
-        tags: tuple[str, ...] | None,
-        tag_mode: Literal["any", "all"],
-        after: int | None,
-        before: int | None,
-    ) -> None:
-        self.tags, self.tag_mode, self.after, self.before = tags, tag_mode, after, before
-
-    def sql(self) -> str:
-        out = ""
-        if self.tags:
-            out += f" AND p.seq IN ({_TAGS_ALL if self.tag_mode == 'all' else _TAGS_ANY})"
-        if self.after is not None:
-            out += " AND p.created_at > :after"
-        if self.before is not None:
-            out += " AND p.created_at < :before"
-        return out
-
-    def params(self, nsid: int) -> dict[str, Any]:
-        params: dict[str, Any] = {"nsid": nsid}
-        if self.tags:
-            params["tags"] = list(self.tags)
-            params["ntags"] = len(self.tags)
-        if self.after is not None:
-            params["after"] = self.after
-        if self.before is not None:
-            params["before"] = self.before
-        return params
-
-
-def _state(rows: Sequence[Sequence[Any]]) -> _State | None:
-    return _State(*rows[0]) if rows else None
-
-
-async def _insert_rows(
-    s: Conn,
-    *,
-    ns: str,
-    namespace: Namespace,
-    embedder: str,
-    dim: int,
-    rows: Sequence[tuple[_Row, bytes]],
-) -> list[str]:
-    """Transaction body: lock the namespace, insert rows (skipping known op keys), bump it."""
-    await s.fetch(_NEW_NS, {"ns": ns})
-    state = _state(await s.fetch(_LOCK_STATE, {"ns": ns}))
-    assert state is not None
-    _mismatch(state, embedder, dim, namespace)
-    nsid = state.nsid
-    keys = [row.op_key for row, _ in rows if row.op_key is not None]
-    known: dict[str, str] = {}
-    if keys:
-        known = {
-            str(k): str(pid)
-            for k, pid in await s.fetch(_KNOWN_OPS, {"nsid": nsid, "keys": list(set(keys))})
-        }
-    ids: list[str] = []
-    fresh: list[tuple[_Row, bytes]] = []
-    new_ops: dict[str, str] = {}
-    for row, vector in rows:
-        if row.op_key is not None:
-            first = known.get(row.op_key) or new_ops.get(row.op_key)
-            if first is not None:
-                ids.append(first)
-                continue
-            new_ops[row.op_key] = row.id
-        fresh.append((row, vector))
-        ids.append(row.id)
-    if not fresh:
-        return ids
-    inserted = await s.fetch(
-        _INSERT,
-        {
-            "nsid": nsid,
-            "embedder": embedder,
-            "dim": dim,
-            "ids": [r.id for r, _ in fresh],
-            "texts": [r.text for r, _ in fresh],
-            "metas": [r.metadata for r, _ in fresh],
-            "times": [_now_us() for _ in fresh],
-            "vectors": [v for _, v in fresh],
-        },
-    )
-    seq_of = {str(pid): int(seq) for seq, pid in inserted}
-    tags = [(tag, seq_of[r.id], i) for r, _ in fresh for i, tag in enumerate(r.tags)]
-    if tags:
-        await s.fetch(
-            _INSERT_TAGS,
-            {
-                "nsid": nsid,
-                "tags": [t for t, _, _ in tags],
-                "passages": [p for _, p, _ in tags],
-                "positions": [i for _, _, i in tags],
-            },
-        )
-    if new_ops:
-        await s.fetch(
-            _INSERT_OPS, {"nsid": nsid, "keys": list(new_ops), "ids": list(new_ops.values())}
-        )
-    await s.fetch(
-        _BUMP,
-        {"nsid": nsid, "added": len(fresh), "vectors_changed": 0, "embedder": embedder, "dim": dim},
-    )
-    return ids
+__all__ = ["PostgresArchivalStore"]
 
 
 class _Shared:
@@ -412,7 +247,7 @@ class PostgresArchivalStore(ArchivalStore):
         pairs = [*zip(rows, vectors, strict=True)]
 
         async def body(s: Conn) -> list[str]:
-            return await _insert_rows(
+            return await insert_rows(
                 s,
                 ns=self._ns,
                 namespace=self.namespace,
@@ -519,7 +354,7 @@ class PostgresArchivalStore(ArchivalStore):
         embedder, dim = self._shared.embedder.name, self._shared.embedder.dim
 
         async def body(s: Conn) -> Passage:
-            state = _state(await s.fetch(_LOCK_STATE, {"ns": ns}))
+            state = state_of(await s.fetch(LOCK_STATE, {"ns": ns}))
             found = (
                 await s.fetch(
                     "SELECT seq FROM graphexec_mem_passages WHERE nsid = :nsid AND id = :id",
@@ -549,7 +384,7 @@ class PostgresArchivalStore(ArchivalStore):
                 await s.fetch("DELETE FROM graphexec_mem_passage_tags WHERE passage = :seq", key)
                 if new_tags:
                     await s.fetch(
-                        _INSERT_TAGS,
+                        INSERT_TAGS,
                         {
                             "nsid": state.nsid,
                             "tags": list(new_tags),
@@ -559,10 +394,10 @@ class PostgresArchivalStore(ArchivalStore):
                     )
             changed = int(vector is not None)
             await s.fetch(
-                _BUMP,
+                BUMP,
                 {**key, "added": 0, "vectors_changed": changed, "embedder": None, "dim": None},
             )
-            [row] = await s.fetch(_BY_SEQS, {"nsid": state.nsid, "seqs": [key["seq"]]})
+            [row] = await s.fetch(BY_SEQS, {"nsid": state.nsid, "seqs": [key["seq"]]})
             return _passage(row)
 
         return await self._shared.db.transaction("archival update", body)
@@ -574,7 +409,7 @@ class PostgresArchivalStore(ArchivalStore):
         ns = self._ns
 
         async def body(s: Conn) -> bool:
-            state = _state(await s.fetch(_LOCK_STATE, {"ns": ns}))
+            state = state_of(await s.fetch(LOCK_STATE, {"ns": ns}))
             if state is None:
                 return False
             gone = await s.fetch(
@@ -584,7 +419,7 @@ class PostgresArchivalStore(ArchivalStore):
             if not gone:
                 return False
             await s.fetch(
-                _BUMP,
+                BUMP,
                 {
                     "nsid": state.nsid,
                     "added": -1,
@@ -616,10 +451,10 @@ class PostgresArchivalStore(ArchivalStore):
         bump = {"added": 0, "vectors_changed": 1, "embedder": embedder, "dim": dim}
 
         async def claim(s: Conn) -> int | None:
-            state = _state(await s.fetch(_LOCK_STATE, {"ns": ns}))
+            state = state_of(await s.fetch(LOCK_STATE, {"ns": ns}))
             if state is None:
                 return None
-            await s.fetch(_BUMP, {**bump, "nsid": state.nsid})
+            await s.fetch(BUMP, {**bump, "nsid": state.nsid})
             return state.nsid
 
         nsid = await self._shared.db.transaction("archival reembed", claim)
@@ -642,14 +477,14 @@ class PostgresArchivalStore(ArchivalStore):
             ]
 
             async def write(s: Conn, updates: list[dict[str, Any]] = updates) -> int:
-                await s.fetch(_LOCK_STATE, {"ns": ns})
+                await s.fetch(LOCK_STATE, {"ns": ns})
                 await s.execute_many(
                     """UPDATE graphexec_mem_passages SET vector = :vector, embedder = :embedder,
                     dim = :dim WHERE seq = :seq AND text = :text""",
                     updates,
                 )
                 await s.fetch(
-                    _BUMP,
+                    BUMP,
                     {**bump, "nsid": nsid, "embedder": None, "dim": None},
                 )
                 return len(updates)
@@ -664,7 +499,7 @@ class PostgresArchivalStore(ArchivalStore):
         if "\x00" in passage_id:
             return None
         rows = await self._shared.db.fetch(
-            "archival get", _BY_ID, {"ns": self._ns, "id": passage_id}
+            "archival get", BY_ID, {"ns": self._ns, "id": passage_id}
         )
         return _passage(rows[0]) if rows else None
 
@@ -693,9 +528,9 @@ class PostgresArchivalStore(ArchivalStore):
         if cursor is not None:
             at, seq = _decode_cursor(cursor, "list", digest, ("at", "s"))
             params.update(at=at, seq=seq)
-        sql = _LIST.format(
-            filters=(_LIST_TAGS if wanted else "")
-            + (_LIST_AFTER_CURSOR if cursor is not None else "")
+        sql = LIST.format(
+            filters=(LIST_TAGS if wanted else "")
+            + (LIST_AFTER_CURSOR if cursor is not None else "")
         )
         rows = await self._shared.db.fetch("archival list", sql, params)
         page = rows[:limit]
@@ -740,7 +575,7 @@ class PostgresArchivalStore(ArchivalStore):
         if tag_mode not in ("any", "all"):
             raise MemoryStoreError(f"tag_mode must be 'any' or 'all', got {tag_mode!r}")
         wanted = _check_tags(tags, "tags filter") if tags is not None else ()
-        filters = _Filters(
+        filters = Filters(
             wanted or None, tag_mode, _check_time(after, "after"), _check_time(before, "before")
         )
         digest = _digest(
@@ -755,7 +590,7 @@ class PostgresArchivalStore(ArchivalStore):
         if any("\x00" in tag for tag in wanted):
             return SearchPage()  # no stored tag can hold a NUL
         db = self._shared.db
-        state = _state(await db.fetch("archival search", _STATE, {"ns": self._ns}))
+        state = state_of(await db.fetch("archival search", STATE, {"ns": self._ns}))
         embedder = self._shared.embedder
         _mismatch(state, embedder.name, embedder.dim, self.namespace)
         if state is None or state.passages <= 0:
@@ -767,7 +602,7 @@ class PostgresArchivalStore(ArchivalStore):
         fused = rrf([by_vector, by_keyword], k=RRF_K)
         page = fused[offset : offset + top_k]
         rows = await db.fetch(
-            "archival search", _BY_SEQS, {"nsid": state.nsid, "seqs": [seq for seq, _ in page]}
+            "archival search", BY_SEQS, {"nsid": state.nsid, "seqs": [seq for seq, _ in page]}
         )
         found = {r[0]: _passage(r) for r in rows}
         hits = [ArchivalHit(found[seq], score) for seq, score in page if seq in found]
@@ -780,7 +615,7 @@ class PostgresArchivalStore(ArchivalStore):
         return SearchPage(hits, next_cursor)
 
     async def _keyword_candidates(
-        self, query: str, nsid: int, filters: _Filters, depth: int
+        self, query: str, nsid: int, filters: Filters, depth: int
     ) -> _Seqs:
         terms = keyword_terms(query)
         if not terms:
@@ -788,12 +623,12 @@ class PostgresArchivalStore(ArchivalStore):
         params = {**filters.params(nsid), "terms": terms, "anyq": " or ".join(terms)}
         params["depth"] = depth
         rows = await self._shared.db.fetch(
-            "archival search", _KEYWORD.format(filters=filters.sql()), params
+            "archival search", KEYWORD.format(filters=filters.sql()), params
         )
         return [int(r[0]) for r in rows]
 
     async def _vector_candidates(
-        self, query: str, state: _State, filters: _Filters, depth: int
+        self, query: str, state: _State, filters: Filters, depth: int
     ) -> _Seqs:
         if not query.strip():
             return []
@@ -806,7 +641,7 @@ class PostgresArchivalStore(ArchivalStore):
         if filters.tags:
             rows = await self._shared.db.fetch(
                 "archival search",
-                _TAGS_ALL if filters.tag_mode == "all" else _TAGS_ANY,
+                TAGS_ALL if filters.tag_mode == "all" else TAGS_ANY,
                 {"nsid": state.nsid, "tags": list(filters.tags), "ntags": len(filters.tags)},
             )
             allowed = [int(r[0]) for r in rows]
@@ -844,7 +679,7 @@ class PostgresArchivalStore(ArchivalStore):
             "chunk": _CHUNK,
             "start": cache.last_seq(),
         }
-        sql = _VECTORS.format(filters="")
+        sql = VECTORS.format(filters="")
         while True:
             rows = await self._shared.db.fetch("archival search", sql, params)
             cache.append(rows)
@@ -856,7 +691,7 @@ class PostgresArchivalStore(ArchivalStore):
         return cache
 
     async def _scan_vectors(
-        self, qvec: Sequence[float], state: _State, filters: _Filters, depth: int
+        self, qvec: Sequence[float], state: _State, filters: Filters, depth: int
     ) -> _Seqs:
         """Pure-Python vector candidates: read the filtered vectors in chunks and score them."""
         embedder = self._shared.embedder
@@ -867,7 +702,7 @@ class PostgresArchivalStore(ArchivalStore):
             "chunk": _CHUNK,
             "start": 0,
         }
-        sql = _VECTORS.format(filters=filters.sql())
+        sql = VECTORS.format(filters=filters.sql())
         heap: _Heap = []
         while True:
             rows = await self._shared.db.fetch("archival search", sql, params)

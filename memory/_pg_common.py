@@ -309,7 +309,12 @@ def tsquery_texts(query: str) -> tuple[str, ...]:
     with ``&`` / ``|`` gives a valid tsquery in which nothing the user typed is an operator. A
     query without content tokens gives no inputs: it matches nothing.
     """
-    tokens = list(dict.fromkeys(content_tokens(query)))[:_MAX_QUERY_TERMS]
+    # Each token is also quoted as a tsquery operand, so even a character the text-search
+    # parser reads as punctuation cannot form an operator.
+    tokens = [
+        "'" + token.replace("\\", "\\\\").replace("'", "''") + "'"
+        for token in dict.fromkeys(content_tokens(query))
+    ][:_MAX_QUERY_TERMS]
     if not tokens:
         return ()
     if len(tokens) == 1:

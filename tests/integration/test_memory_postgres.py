@@ -32,6 +32,7 @@ PG_MODULES = [
     ROOT / "memory" / "_pg_session.py",
     ROOT / "memory" / "_pg_stores.py",
     ROOT / "memory" / "_pg_archival.py",
+    ROOT / "memory" / "_pg_passages.py",
 ]
 
 TENANTS = [
