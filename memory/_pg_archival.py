@@ -256,7 +256,9 @@ class PostgresArchivalStore(ArchivalStore):
                 rows=pairs,
             )
 
-        return await self._shared.db.transaction("archival insert", body)
+        return await self._shared.db.transaction(
+            f"archival insert in namespace {self.namespace!r}", body
+        )
 
     async def insert(
         self,
@@ -400,7 +402,9 @@ class PostgresArchivalStore(ArchivalStore):
             [row] = await s.fetch(BY_SEQS, {"nsid": state.nsid, "seqs": [key["seq"]]})
             return _passage(row)
 
-        return await self._shared.db.transaction("archival update", body)
+        return await self._shared.db.transaction(
+            f"archival update of {passage_id!r} in {namespace!r}", body
+        )
 
     async def delete(self, passage_id: str) -> bool:
         """Delete a passage with its tags and vector. Whether it existed."""
@@ -430,7 +434,9 @@ class PostgresArchivalStore(ArchivalStore):
             )
             return True
 
-        return await self._shared.db.transaction("archival delete", body)
+        return await self._shared.db.transaction(
+            f"archival delete of {passage_id!r} in {self.namespace!r}", body
+        )
 
     async def reembed(self, *, batch_size: int = 256) -> int:
         """Recompute every vector of this namespace with this store's embedder.

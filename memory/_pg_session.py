@@ -238,7 +238,7 @@ class PostgresSession(PgHandle, Session):
             if encoded:
                 await _insert_items(s, session_id, encoded, now_micros())
 
-        await self._db.transaction("add_items", body)
+        await self._db.transaction(f"add_items to session {session_id!r}", body)
 
     async def pop_item(self) -> Item | None:
         """Remove and return the newest item of the context (``None`` when it is empty).
@@ -256,7 +256,7 @@ class PostgresSession(PgHandle, Session):
             await s.fetch(_DELETE_ITEM, {"seq": seq})
             return str(item)
 
-        item = await self._db.transaction("pop_item", body)
+        item = await self._db.transaction(f"pop_item of session {session_id!r}", body)
         return None if item is None else dict(json.loads(item))
 
     async def clear_session(self) -> None:
@@ -267,7 +267,7 @@ class PostgresSession(PgHandle, Session):
             await lock(s, _TIER, session_id)
             await s.fetch(_CLEAR, {"session_id": session_id})
 
-        await self._db.transaction("clear_session", body)
+        await self._db.transaction(f"clear_session of session {session_id!r}", body)
 
     async def purge(self) -> int:
         """Delete every item of this session, recall copies of evicted items included.
@@ -315,7 +315,7 @@ class PostgresSession(PgHandle, Session):
                 # ORDINALITY counts from 1; positions count from 0.
                 await s.fetch(_COPY_ITEMS, {"target": target, "seqs": [r[0] for r in rows[:n]]})
 
-        await self._db.transaction("branch_from", body)
+        await self._db.transaction(f"branch_from session {source!r} to {target!r}", body)
         return type(self)._attach(target, self._db)
 
     async def evict_oldest(self, count: int, summary: Mapping[str, Any] | None = None) -> list[str]:
@@ -379,7 +379,7 @@ class PostgresSession(PgHandle, Session):
                 )
             return ids
 
-        return await self._db.transaction("evict_oldest", body)
+        return await self._db.transaction(f"evict_oldest of session {session_id!r}", body)
 
 
 async def _purge(db: PostgresDatabase, session_id: str) -> int:
@@ -389,7 +389,7 @@ async def _purge(db: PostgresDatabase, session_id: str) -> int:
         await s.fetch(_PURGE_OPS, {"tier": _TIER, "session_id": session_id})
         return len(rows)
 
-    return await db.transaction("purge", body)
+    return await db.transaction(f"purge of session {session_id!r}", body)
 
 
 class PostgresRecallStore(PgHandle, RecallStore):

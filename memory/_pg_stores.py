@@ -173,7 +173,7 @@ class PostgresFactStore(PgHandle, FactStore):
                 await s.fetch(OP_PUT, {**op_params, "result": dumps(result), "at": now})
             return result
 
-        result = await self._db.transaction("fact put", body)
+        result = await self._db.transaction(f"fact put of {key!r} in {ns}", body)
         return Fact(
             namespace=pg_namespace(namespace),
             key=key,
@@ -221,7 +221,7 @@ class PostgresFactStore(PgHandle, FactStore):
             )
             return True
 
-        return await self._db.transaction("fact delete", body)
+        return await self._db.transaction(f"fact delete of {key!r} in {ns}", body)
 
     async def list(self, namespace: Namespace) -> list[Fact]:
         """Every fact of exactly this namespace, most recently written first."""
@@ -406,7 +406,7 @@ class PostgresBlockStore(PgHandle, BlockStore):
             await s.fetch(_CREATE_BLOCK, {**params, "version": version, "now": now_micros()})
             return version
 
-        version = await self._db.transaction("block create", body)
+        version = await self._db.transaction(f"create of {name}", body)
         return dataclasses.replace(block, version=version)
 
     async def get(self, label: str) -> Block | None:
@@ -463,7 +463,7 @@ class PostgresBlockStore(PgHandle, BlockStore):
             )
             return new
 
-        return await self._db.transaction(op, body)
+        return await self._db.transaction(f"{op} of {name}", body)
 
     async def update(
         self, label: str, value: str, *, force: bool = False, expected_version: int | None = None
@@ -483,7 +483,7 @@ class PostgresBlockStore(PgHandle, BlockStore):
         """
         pg_text(value, f"{self._name(label)} value", empty=True)
         return await self._edit(
-            "block update",
+            "update",
             label,
             lambda _: value,
             agent=not force,
@@ -504,7 +504,7 @@ class PostgresBlockStore(PgHandle, BlockStore):
             return f"{block.value}\n{text}" if block.value else text
 
         return await self._edit(
-            "block append", label, edit, agent=True, expected_version=expected_version
+            "append", label, edit, agent=True, expected_version=expected_version
         )
 
     async def replace(
@@ -521,7 +521,7 @@ class PostgresBlockStore(PgHandle, BlockStore):
         pg_text(old, f"text to replace in {name}")
         pg_text(new, f"replacement text for {name}", empty=True)
         return await self._edit(
-            "block replace",
+            "replace",
             label,
             lambda block: edit_replace(name, block.value, old, new),
             agent=True,
@@ -536,7 +536,7 @@ class PostgresBlockStore(PgHandle, BlockStore):
         async def body(s: Conn) -> bool:
             return bool(await s.fetch(_DELETE_BLOCK, params))
 
-        return await self._db.transaction("block delete", body)
+        return await self._db.transaction(f"delete of {self._name(label)}", body)
 
     async def render(self, labels: Sequence[str] | None = None) -> str:
         """The ``<memory_blocks>`` XML (:func:`memory._text.render_blocks`) for these blocks.
