@@ -163,6 +163,7 @@ async def _timed(store: ArchivalStore, qs: Sequence[str], **kw: Any) -> dict[str
 async def _postgres(dsn: str, embedder: Embedder) -> AsyncIterator[Any]:
     """A PostgreSQL archival store on a fresh schema, dropped on exit."""
     import psycopg
+    import psycopg.sql
 
     from memory.postgres import PostgresArchivalStore
 
@@ -172,7 +173,8 @@ async def _postgres(dsn: str, embedder: Embedder) -> AsyncIterator[Any]:
             yield store
     finally:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            drop = psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
+            await conn.execute(drop.format(psycopg.sql.Identifier(schema)))
 
 
 _PG_SIZE = """SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class AS c

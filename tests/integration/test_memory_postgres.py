@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from pg import admin_connection, fresh_schema, postgres_dsn
+from psycopg import sql
 
 from graphexec import END, START, NodeContext, StateGraph
 from graphexec.errors import MemoryConflictError, MemoryStoreError, StorageError
@@ -91,8 +92,13 @@ def _tables(schema: str) -> dict[str, int]:
                 "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)
             )
         ]
+        count = sql.SQL("SELECT count(*) FROM {}.{}")
         return {
-            n: int(conn.execute(f'SELECT count(*) FROM "{schema}"."{n}"').fetchone()[0])  # type: ignore[index]
+            n: int(
+                conn.execute(count.format(sql.Identifier(schema), sql.Identifier(n))).fetchall()[0][
+                    0
+                ]
+            )
             for n in names
         }
 
