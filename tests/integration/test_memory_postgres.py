@@ -438,3 +438,48 @@ def test_sql_is_built_from_constants_only(path: Path) -> None:
                     f"{path.name}:{node.lineno}: {node.func.attr}() is given "
                     f"{ast.unparse(sql)} as SQL; use a constant"
                 )
+
+
+# -- archival across pools and the search_path ------------------------------------------------
+
+
+async def test_a_searchers_vector_cache_sees_concurrent_writers(schema: str) -> None:
+    """Passages committed by another pool's concurrent transactions all reach the cache."""
+    dsn = postgres_dsn()
+    async with (
+        PostgresMemory.open(dsn, schema=schema) as reader,
+        PostgresMemory.open(dsn, schema=schema, pool_max=8) as writer,
+    ):
+        await reader.archival.insert("Passage zero about ferries.")
+        query = "ferries"
+
+        async def write(i: int) -> None:
+            await writer.archival.insert(f"Passage {i} about ferries.")
+
+        async def read() -> None:
+            for _ in range(5):
+                await reader.archival.search(query, top_k=100)
+                await asyncio.sleep(0)
+
+        await asyncio.gather(*(write(i) for i in range(1, 41)), read())
+        hits = (await reader.archival.search(query, top_k=100)).hits
+        assert len(hits) == 41
+        # The reader's in-process vectors are exactly the stored ones: none was skipped by a
+        # transaction that committed after a later-numbered one was already cached.
+        [cache] = reader.archival._shared.caches.values()
+        cached = [int(s) for s in cache.snapshot()[1]]
+        with admin_connection() as conn:
+            table = sql.SQL("SELECT seq FROM {}.graphexec_mem_passages ORDER BY seq")
+            stored = [r[0] for r in conn.execute(table.format(sql.Identifier(schema)))]
+        assert cached == stored and len(stored) == 41
+
+
+async def test_the_search_path_schema_is_used_without_schema(schema: str) -> None:
+    from pg import schema_dsn
+
+    async with PostgresMemory.open(postgres_dsn(), schema=schema) as mem:
+        await mem.facts.put(("ns",), "k", "v")  # creates the schema and its tables
+    async with PostgresMemory.open(schema_dsn(schema)) as mem:
+        assert mem.schema is None
+        fact = await mem.facts.get(("ns",), "k")
+        assert fact is not None and fact.value == "v"
