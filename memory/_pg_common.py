@@ -41,7 +41,7 @@ from typing import Any, Self
 from checkpointers._pg_db import PostgresDatabase
 from checkpointers._pg_db import Session as Conn
 from graphexec.errors import MemoryStoreError
-from memory._sqlite_common import check_namespace, check_text
+from memory._sqlite_common import check_namespace, check_text, sql_limit
 from memory._text import content_tokens
 
 __all__ = [
@@ -342,7 +342,7 @@ async def ranked_search(
     for tier, expression in zip((1.0, 0.0), tsquery_texts(query), strict=False):
         if len(out) >= limit:
             break
-        rows = await read({**params, "q": expression, "limit": limit + len(seen)})
+        rows = await read({**params, "q": expression, "limit": sql_limit(limit + len(seen))})
         for row in rows:
             if row[0] in seen:
                 continue

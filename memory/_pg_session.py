@@ -37,6 +37,7 @@ from memory._sqlite_common import (
     dumps,
     from_micros,
     now_micros,
+    sql_limit,
 )
 from memory._sqlite_session import _encode_items
 from memory._text import item_text
@@ -202,7 +203,9 @@ class PostgresSession(PgHandle, Session):
         if n == 0:
             return []
         rows = await self._db.fetch(
-            "get_items", _LATEST, {"session_id": self.session_id, "limit": n}
+            "get_items",
+            _LATEST,
+            {"session_id": self.session_id, "limit": None if n is None else sql_limit(n)},
         )
         return [json.loads(item) for (item,) in rows]
 
@@ -356,7 +359,7 @@ class PostgresSession(PgHandle, Session):
 
         async def body(s: Conn) -> list[str]:
             await lock(s, _TIER, session_id)
-            rows = await s.fetch(_OLDEST, {"session_id": session_id, "limit": n})
+            rows = await s.fetch(_OLDEST, {"session_id": session_id, "limit": sql_limit(n)})
             if len(rows) < n:
                 raise MemoryStoreError(
                     f"session {session_id!r} has {len(rows)} items in its context; cannot evict {n}"

@@ -483,3 +483,14 @@ async def test_the_search_path_schema_is_used_without_schema(schema: str) -> Non
         assert mem.schema is None
         fact = await mem.facts.get(("ns",), "k")
         assert fact is not None and fact.value == "v"
+
+
+async def test_limits_beyond_bigint_mean_all(mem: PostgresMemory) -> None:
+    session = mem.session("s")
+    await session.add_items([{"content": "hello world"}])
+    assert await session.get_items(limit=2**70) == [{"content": "hello world"}]
+    assert len(await mem.recall.search("hello", top_k=2**70)) == 1
+    await mem.facts.put(("a",), "greeting", "hello")
+    assert len(await mem.facts.search(("a",), "hello", limit=2**70)) == 1
+    with pytest.raises(MemoryStoreError, match="cannot evict"):
+        await session.evict_oldest(2**70)
