@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import gc
 import json
 import operator
 import os
@@ -22,6 +23,7 @@ from psycopg import sql
 
 from graphexec import END, START, NodeContext, StateGraph
 from graphexec.errors import MemoryConflictError, MemoryStoreError, StorageError
+from graphexec.testing import assert_eventually
 from memory import Block, PostgresMemory, PostgresSession
 
 pytestmark = pytest.mark.postgres
@@ -494,3 +496,23 @@ async def test_limits_beyond_bigint_mean_all(mem: PostgresMemory) -> None:
     assert len(await mem.facts.search(("a",), "hello", limit=2**70)) == 1
     with pytest.raises(MemoryStoreError, match="cannot evict"):
         await session.evict_oldest(2**70)
+
+
+async def test_a_leaked_memory_warns_and_closes_its_pool(schema: str) -> None:
+    mem = PostgresMemory(postgres_dsn(), schema=schema)
+    await mem.facts.put(("ns",), "k", 1)
+    with pytest.warns(ResourceWarning, match="PostgresMemory"):
+        del mem
+        gc.collect()
+
+    async def closed() -> None:
+        with admin_connection() as conn:
+            rows = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = ''"
+                " AND datname = current_database() AND state = 'idle'"
+                " AND query LIKE %s",
+                (f"%{schema}%",),
+            ).fetchall()
+        assert rows[0][0] == 0
+
+    await assert_eventually(closed)
