@@ -1,10 +1,11 @@
 """Archival store speed: insert throughput, search latency and file size at scale (SPEC §7).
 
-``python -m benchmarks.archival_bench [--sizes 10000 100000] [--embedder hashing|minilm]``
+``python -m benchmarks.archival_bench [--sizes 10000 100000] [--embedder hashing|minilm]
+[--dsn postgresql://...]``
 
-For each size, a fresh SQLite file (in a temporary folder) is filled with synthetic passages
-through :meth:`~memory._sqlite_archival.SqliteArchivalStore.insert_many` (batches of 512), then
-100 queries are timed one by one:
+For each size, a fresh SQLite file (in a temporary folder) -- or, with ``--dsn``, a fresh
+PostgreSQL schema (dropped afterwards) -- is filled with synthetic passages through
+``insert_many`` (batches of 512), then 100 queries are timed one by one:
 
 * ``plain``: no filter;
 * ``tag (rare)``: ``tags=["rare"]``, a tag on 0.1% of the passages;
@@ -30,11 +31,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from memory._base import ArchivalStore
 from memory._sqlite_archival import NewPassage, SqliteArchivalStore
 from memory.embedders import Embedder, HashingEmbedder, MiniLMEmbedder
 
@@ -144,7 +148,7 @@ def _percentiles(samples: Sequence[float]) -> dict[str, float]:
     return {"p50_ms": round(statistics.median(ordered) * 1e3, 2), "p95_ms": round(p95 * 1e3, 2)}
 
 
-async def _timed(store: SqliteArchivalStore, qs: Sequence[str], **kw: Any) -> dict[str, Any]:
+async def _timed(store: ArchivalStore, qs: Sequence[str], **kw: Any) -> dict[str, Any]:
     samples: list[float] = []
     empty = 0
     for q in qs:
@@ -155,10 +159,38 @@ async def _timed(store: SqliteArchivalStore, qs: Sequence[str], **kw: Any) -> di
     return {**_percentiles(samples), "empty": empty}
 
 
-async def _one(size: int, embedder: Embedder, folder: Path) -> dict[str, Any]:
+@asynccontextmanager
+async def _postgres(dsn: str, embedder: Embedder) -> AsyncIterator[Any]:
+    """A PostgreSQL archival store on a fresh schema, dropped on exit."""
+    import psycopg
+    import psycopg.sql
+
+    from memory.postgres import PostgresArchivalStore
+
+    schema = f"archival_bench_{uuid.uuid4().hex[:12]}"
+    try:
+        async with PostgresArchivalStore.open(dsn, embedder=embedder, schema=schema) as store:
+            yield store
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            drop = psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
+            await conn.execute(drop.format(psycopg.sql.Identifier(schema)))
+
+
+_PG_SIZE = """SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class AS c
+    JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE n.nspname = :schema AND c.relkind = 'r'"""
+
+
+async def _one(size: int, embedder: Embedder, folder: Path, dsn: str | None) -> dict[str, Any]:
     path = folder / f"archival-{size}.db"
     items = passages(size)
-    async with SqliteArchivalStore.open(path, embedder=embedder) as store:
+    opened: Any = (
+        SqliteArchivalStore.open(path, embedder=embedder)
+        if dsn is None
+        else _postgres(dsn, embedder)
+    )
+    async with opened as store:
         t0 = time.perf_counter()
         await store.insert_many(items, batch_size=BATCH)
         insert_s = time.perf_counter() - t0
@@ -180,12 +212,18 @@ async def _one(size: int, embedder: Embedder, folder: Path) -> dict[str, Any]:
                 "date": await _timed(store, queries(seed=SEED + 3), after=mid_at),
             },
         }
-    files = [path, path.with_name(path.name + "-wal")]
-    result["db_mb"] = round(sum(f.stat().st_size for f in files if f.exists()) / 2**20, 1)
+        if dsn is not None:
+            [(size_bytes,)] = await store._shared.db.fetch(
+                "bench size", _PG_SIZE, {"schema": store._shared.db.schema}
+            )
+            result["db_mb"] = round(int(size_bytes) / 2**20, 1)
+    if dsn is None:
+        files = [path, path.with_name(path.name + "-wal")]
+        result["db_mb"] = round(sum(f.stat().st_size for f in files if f.exists()) / 2**20, 1)
     return result
 
 
-async def _oldest(store: SqliteArchivalStore) -> datetime:
+async def _oldest(store: ArchivalStore) -> datetime:
     cursor: str | None = None
     oldest: datetime | None = None
     while True:
@@ -199,12 +237,14 @@ async def _oldest(store: SqliteArchivalStore) -> datetime:
     return oldest
 
 
-def run(sizes: Sequence[int], embedder: str) -> dict[str, Any]:
-    """Benchmark the SQLite archival store at each size.
+def run(sizes: Sequence[int], embedder: str, *, dsn: str | None = None) -> dict[str, Any]:
+    """Benchmark the SQLite (or, with ``dsn``, the PostgreSQL) archival store at each size.
 
     Args:
         sizes: Passage counts, e.g. ``(10_000, 100_000)``.
         embedder: ``hashing`` or ``minilm``.
+        dsn: A PostgreSQL DSN: benchmark :class:`~memory.PostgresArchivalStore` on a fresh
+            schema of that database instead of SQLite.
 
     Returns:
         A JSON-compatible dict: machine facts, the embedder, and one result per size (insert
@@ -214,8 +254,9 @@ def run(sizes: Sequence[int], embedder: str) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="archival-bench-") as tmp:
         for size in sizes:
-            results.append(asyncio.run(_one(size, emb, Path(tmp))))
+            results.append(asyncio.run(_one(size, emb, Path(tmp), dsn)))
     return {
+        "backend": "sqlite" if dsn is None else "postgres",
         "embedder": embedder,
         "model": emb.name,
         "queries": QUERIES,
@@ -244,23 +285,25 @@ def table(report: dict[str, Any]) -> str:
             f"| {r['passages']:,} | {r['insert_per_s']:,.0f} | {r['first_search_ms']} | "
             f"{cells} | {r['db_mb']} |"
         )
-    return f"embedder: {report['model']}\n\n" + "\n".join(rows)
+    backend = report.get("backend", "sqlite")
+    return f"backend: {backend}, embedder: {report['model']}\n\n" + "\n".join(rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: print the table (or JSON with ``--json``)."""
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.archival_bench",
-        description="SQLite archival store: insert throughput, search p50/p95, file size.",
+        description="Archival store: insert throughput, search p50/p95, database size.",
     )
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     p.add_argument("--embedder", choices=EMBEDDERS, default="hashing")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--dsn", help="benchmark PostgreSQL (a fresh schema in this database)")
     args = p.parse_args(argv)
     if any(s < 1 for s in args.sizes):
         p.error("sizes must be positive")
     try:
-        report = run(args.sizes, args.embedder)
+        report = run(args.sizes, args.embedder, dsn=args.dsn)
     except ImportError as e:
         print(f"cannot run {args.embedder}: {e}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ __all__ = [
     "InvalidResumeError",
     "InvalidUpdateError",
     "LeaseLostError",
+    "MemoryConflictError",
     "MemoryStoreError",
     "NodeExecutionError",
     "NodeTimeoutError",
@@ -298,3 +299,29 @@ class GraphInterrupt(BaseException):
     def __init__(self, interruptions: Sequence[Any]) -> None:
         super().__init__(interruptions)
         self.interruptions = tuple(interruptions)
+
+
+class MemoryConflictError(MemoryStoreError):
+    """A memory write lost a race: the record changed since the caller read it.
+
+    Raised when a block's ``expected_version`` no longer matches. Nothing was written; read
+    the record again, reapply the change and retry.
+
+    Attributes:
+        key: What conflicted (e.g. ``"block 'human'"``, with its namespace).
+        expected: The version the caller expected.
+        actual: The version found.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        expected: int | None = None,
+        actual: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.expected = expected
+        self.actual = actual

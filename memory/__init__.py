@@ -12,6 +12,9 @@ One object per database holds every tier::
         hits = await mem.recall.search("Lisbon")  # every past session item
 
 ``SqliteSession(session_id, path=None)`` also works on its own, as in the OpenAI Agents SDK.
+``PostgresMemory(dsn, schema=...)`` / ``PostgresSession(session_id, dsn)`` are the same tiers on
+PostgreSQL (the ``postgres`` extra). A session's every stored item, recall copies included, is
+erased with ``mem.recall.purge(session_id)``.
 The interfaces (:class:`Session`, :class:`FactStore`, :class:`BlockStore`,
 :class:`ArchivalStore`, :class:`RecallStore`) are what every backend implements; the contract
 suites in :mod:`graphexec.testing.memory_contracts` check them.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from graphexec.errors import MemoryConflictError, MemoryStoreError
 from memory._base import (
     ArchivalHit,
     ArchivalStore,
@@ -76,6 +80,16 @@ __all__ = [
     "SqliteRecallStore",
     "SqliteArchivalStore",
     "NewPassage",
+    # PostgreSQL backend (the ``postgres`` extra; imported on first use)
+    "PostgresMemory",
+    "PostgresSession",
+    "PostgresFactStore",
+    "PostgresBlockStore",
+    "PostgresRecallStore",
+    "PostgresArchivalStore",
+    # errors
+    "MemoryStoreError",
+    "MemoryConflictError",
     # text helpers (pluggable token counting and summarising, used by memory.nodes.compact)
     "TokenCounter",
     "EstimatingTokenCounter",
@@ -87,11 +101,21 @@ __all__ = [
     "MiniLMEmbedder",
 ]
 
-_LAZY = {"SqliteArchivalStore": "memory._sqlite_archival", "NewPassage": "memory._sqlite_archival"}
+_LAZY = {
+    "SqliteArchivalStore": "memory._sqlite_archival",
+    "NewPassage": "memory._sqlite_archival",
+    "PostgresMemory": "memory.postgres",
+    "PostgresSession": "memory.postgres",
+    "PostgresFactStore": "memory.postgres",
+    "PostgresBlockStore": "memory.postgres",
+    "PostgresRecallStore": "memory.postgres",
+    "PostgresArchivalStore": "memory.postgres",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # The archival store pulls in the embedders; import it only when someone asks for it.
+    # The archival store pulls in the embedders, the PostgreSQL backend psycopg (an optional
+    # extra): import them only when someone asks for them.
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'memory' has no attribute {name!r}")

@@ -357,3 +357,12 @@ class RecallStore(ABC):
         before: datetime | None = None,
     ) -> list[RecallHit]:
         """Items matching ``query``, best first; ``session_id`` restricts to one session."""
+
+    @abstractmethod
+    async def purge(self, session_id: str) -> int:
+        """Delete every stored item of ``session_id`` (privacy erasure); how many were deleted.
+
+        Unlike ``clear_session``, nothing stays searchable: items in the context, items evicted
+        by compaction or ``clear_session``, and the session's op keys all go, in one
+        transaction.
+        """

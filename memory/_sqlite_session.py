@@ -93,6 +93,13 @@ _RECALL = (
     " ORDER BY bm25(graphexec_mem_items_fts), i.seq DESC LIMIT :limit"
 )
 
+_PURGE_TERMS = (
+    "DELETE FROM graphexec_mem_items_fts WHERE rowid IN"
+    " (SELECT seq FROM graphexec_mem_items WHERE session_id = :session_id)"
+)
+_PURGE_ITEMS = "DELETE FROM graphexec_mem_items WHERE session_id = :session_id"
+_PURGE_OPS = "DELETE FROM graphexec_mem_ops WHERE tier = :tier AND scope = :session_id"
+
 _NO_LIMIT = -1  # SQLite: LIMIT -1 means no limit
 _TIER = "session"
 
@@ -297,6 +304,13 @@ class SqliteSession(SqliteHandle, Session):
 
         await self._db.write("clear_session", body)
 
+    async def purge(self) -> int:
+        """Delete every item of this session, recall copies of evicted items included.
+
+        Same as ``recall.purge(session_id)``; see :meth:`SqliteRecallStore.purge`.
+        """
+        return await _purge(self._db, self.session_id)
+
     async def branch_from(self, turn: int, new_session_id: str) -> SqliteSession:
         """Copy the context's items ``[0, turn)`` into a new session and return it.
 
@@ -412,6 +426,17 @@ class SqliteSession(SqliteHandle, Session):
         return await self._db.write("evict_oldest", body)
 
 
+async def _purge(db: SqliteDatabase, session_id: str) -> int:
+    def body(conn: sqlite3.Connection) -> int:
+        params = {"session_id": session_id}
+        conn.execute(_PURGE_TERMS, params)
+        count = conn.execute(_PURGE_ITEMS, params).rowcount
+        conn.execute(_PURGE_OPS, {**params, "tier": _TIER})
+        return int(count)
+
+    return await db.write("purge", body)
+
+
 class SqliteRecallStore(SqliteHandle, RecallStore):
     """Full-text search (FTS5, BM25) over every session item of a database.
 
@@ -498,3 +523,19 @@ class SqliteRecallStore(SqliteHandle, RecallStore):
             )
             for (_, sid, item, position, created_at, state, _), score in hits
         ]
+
+    async def purge(self, session_id: str) -> int:
+        """Delete every stored item of ``session_id``, for privacy (right to erasure).
+
+        Removes the context, the items evicted by compaction or ``clear_session`` (the copies
+        recall searches), their full-text entries and the session's op keys, in one
+        transaction. Sessions branched from it keep their own copies (they have their own
+        ids: purge them too).
+
+        Returns:
+            How many items were deleted.
+
+        Raises:
+            MemoryStoreError: ``session_id`` is not a non-empty str.
+        """
+        return await _purge(self._db, check_text(session_id, "session id"))

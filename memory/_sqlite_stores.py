@@ -13,6 +13,9 @@ from typing import Any, Self
 from checkpointers._sqlite_db import SqliteDatabase, fetch
 from graphexec.errors import MemoryStoreError
 from memory._base import BlockStore, Fact, FactStore, FactVersion, Namespace
+from memory._blocks import check_label as _check_label
+from memory._blocks import conflict, occurrences
+from memory._blocks import occurrences as _occurrences  # noqa: F401 - kept for old imports
 from memory._sqlite_common import (
     MAX_INT,
     OP_GET,
@@ -33,7 +36,7 @@ from memory._sqlite_common import (
     open_database,
     ranked_search,
 )
-from memory._text import LABEL_PATTERN, Block, render_blocks
+from memory._text import Block, render_blocks
 
 __all__ = ["SqliteBlockStore", "SqliteFactStore", "render_fact_lines"]
 
@@ -365,25 +368,6 @@ def _block(row: Row) -> Block:
     )
 
 
-def _check_label(label: object) -> str:
-    if not isinstance(label, str) or LABEL_PATTERN.fullmatch(label) is None:
-        raise MemoryStoreError(
-            f"invalid block label {label!r}: use 1-64 characters, a lowercase letter first, then "
-            "lowercase letters, digits or '_' (e.g. 'persona', 'user_prefs')"
-        )
-    return label
-
-
-def _occurrences(text: str, old: str) -> int:
-    """How many times ``old`` occurs in ``text``, overlapping occurrences included."""
-    count = 0
-    start = text.find(old)
-    while start != -1:
-        count += 1
-        start = text.find(old, start + 1)
-    return count
-
-
 class SqliteBlockStore(SqliteHandle, BlockStore):
     """Core-memory blocks in SQLite: one record per ``(namespace, label)``, version-checked.
 
@@ -522,10 +506,7 @@ class SqliteBlockStore(SqliteHandle, BlockStore):
                 raise MemoryStoreError(f"{name} does not exist; create() it first")
             block = _block(rows[0])
             if expected_version is not None and block.version != expected_version:
-                raise MemoryStoreError(
-                    f"{name} is at version {block.version}, not the expected version "
-                    f"{expected_version}: another writer changed it; read it again and retry"
-                )
+                raise conflict(name, expected_version, block.version)
             if agent and block.read_only:
                 raise MemoryStoreError(
                     f"{name} is read-only: agent tools cannot change it (the developer API "
@@ -596,7 +577,7 @@ class SqliteBlockStore(SqliteHandle, BlockStore):
         check_text(new, f"replacement text for {name}", empty=True)
 
         def edit(block: Block) -> str:
-            count = _occurrences(block.value, old)
+            count = occurrences(block.value, old)
             if count == 0:
                 raise MemoryStoreError(
                     f"{name} does not contain the text to replace ({old!r}); copy it exactly "

@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graphexec.errors import MemoryStoreError
+from graphexec.errors import MemoryConflictError, MemoryStoreError
 from memory._base import Block, BlockStore, FactStore, Namespace, RecallStore, Session
 
 __all__ = [
@@ -883,9 +883,17 @@ class BlockStoreContract:
         assert (b2.value, b2.version) == ("v2", 2)
         b3 = await blocks.update("notes", "v3", expected_version=2)
         assert b3.version == 3
-        with pytest.raises(MemoryStoreError) as err:
+        with pytest.raises(MemoryConflictError) as err:
             await blocks.update("notes", "stale", expected_version=2)
+        assert isinstance(err.value, MemoryStoreError)
         assert "notes" in str(err.value) and "2" in str(err.value) and "3" in str(err.value)
+        assert (err.value.expected, err.value.actual) == (2, 3)
+        for edit in (
+            blocks.append("notes", "more", expected_version=1),
+            blocks.replace("notes", "v3", "v4", expected_version=1),
+        ):
+            with pytest.raises(MemoryConflictError):
+                await edit
         assert await blocks.get("notes") == b3
         with pytest.raises(MemoryStoreError, match="missing"):
             await blocks.update("missing", "x")
@@ -970,7 +978,7 @@ class BlockStoreContract:
         )
         wins = [r for r in results if isinstance(r, Block)]
         assert len(wins) == 1
-        assert all(isinstance(r, MemoryStoreError) for r in results if not isinstance(r, Block))
+        assert all(isinstance(r, MemoryConflictError) for r in results if not isinstance(r, Block))
         got = await blocks.get("log")
         assert got is not None and got == wins[0] and got.version == 2
 
@@ -1162,3 +1170,33 @@ class RecallContract:
         )
         hits = await recall.search("racer", session_id="race", top_k=50)
         assert sorted(h.position for h in hits) == list(range(20))
+
+    async def test_purge_erases_every_item_of_one_session(
+        self, recall: RecallStore, session_factory: SessionFactory
+    ) -> None:
+        """``purge`` deletes live, evicted and cleared items and op keys of exactly one id."""
+        s = session_factory("user_1")
+        await s.add_items([{"role": "user", "content": f"secret{i} diary"} for i in range(4)])
+        await s.evict_oldest(2, {"role": "system", "content": "summary of secret0 diary"})
+        await s.add_items([{"role": "user", "content": "secret9 diary"}], op_key="turn-9")
+        neighbours = [session_factory(sid) for sid in ("userX1", "user_10", "user%1")]
+        for other in neighbours:
+            await other.add_items([{"role": "user", "content": "secret diary kept"}])
+        await session_factory("cleared").add_items([{"role": "user", "content": "secret old"}])
+        await session_factory("cleared").clear_session()
+        assert len(await recall.search("diary", session_id="user_1", top_k=50)) == 6
+        assert await recall.purge("user_1") == 6
+        assert await recall.search("diary", session_id="user_1", top_k=50) == []
+        assert await recall.search("secret0") == []
+        assert await s.get_items() == []
+        assert await recall.purge("user_1") == 0
+        for other in neighbours:
+            assert await other.get_items() == [{"role": "user", "content": "secret diary kept"}]
+        # The op key went with the items: the same turn can be stored again.
+        await s.add_items([{"role": "user", "content": "secret9 diary"}], op_key="turn-9")
+        assert await s.get_items() == [{"role": "user", "content": "secret9 diary"}]
+        assert await recall.purge("cleared") == 1
+        assert await recall.search("old") == []
+        with pytest.raises(MemoryStoreError):
+            await recall.purge("")
+        assert len(await recall.search("kept", top_k=50)) == 3

@@ -1,8 +1,9 @@
-"""Measure the SQLite memory tiers (a script run by hand, not a test).
+"""Measure the SQLite (or PostgreSQL) memory tiers (a script run by hand, not a test).
 
-    python tests/integration/memory_measure.py [--quick] [--items N]
+    python tests/integration/memory_measure.py [--quick] [--items N] [--dsn postgresql://...]
 
-Prints, on a temporary file (``synchronous=NORMAL``, the default):
+Prints, on a temporary file (``synchronous=NORMAL``, the default) -- or, with ``--dsn``, on a
+fresh PostgreSQL schema dropped afterwards:
 
 1. Loading a session of N items (default 100,000; ~120-byte chat messages) with ``add_items``
    batches of 1,000, and the file size.
@@ -24,11 +25,13 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from memory import Block, SqliteMemory
+from memory import Block, PostgresMemory, SqliteMemory
 
 WORDS = (
     "flight hotel lisbon paris booking refund seat aisle window meal vegetarian train "
@@ -62,24 +65,54 @@ def report(label: str, ms: list[float]) -> None:
     )
 
 
-async def main(items: int, quick: bool) -> None:
+@asynccontextmanager
+async def opened(dsn: str | None, tmp: str) -> AsyncIterator[Any]:
+    """A SqliteMemory on a file in ``tmp``, or a PostgresMemory on a fresh schema."""
+    if dsn is None:
+        async with SqliteMemory.open(Path(tmp) / "memory.db") as mem:
+            yield mem
+        return
+    import psycopg
+    import psycopg.sql
+
+    schema = f"memory_measure_{uuid.uuid4().hex[:12]}"
+    try:
+        async with PostgresMemory.open(dsn, schema=schema) as mem:
+            yield mem
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            drop = psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
+            await conn.execute(drop.format(psycopg.sql.Identifier(schema)))
+
+
+async def storage_mb(mem: Any, tmp: str) -> float:
+    if isinstance(mem, SqliteMemory):
+        return sum(f.stat().st_size for f in Path(tmp).iterdir()) / 1e6
+    [(size,)] = await mem._db.fetch(
+        "size",
+        "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class AS c"
+        " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = :schema AND c.relkind = 'r'",
+        {"schema": mem.schema},
+    )
+    return int(size) / 1e6
+
+
+async def main(items: int, quick: bool, dsn: str | None) -> None:
     rng = random.Random(7)
     calls = 200 if quick else 1000
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "memory.db"
-        async with SqliteMemory.open(path) as mem:
-            print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, file {path}")
+        async with opened(dsn, tmp) as mem:
+            print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {mem!r}")
             session = mem.session("big")
             start = time.perf_counter()
             for base in range(0, items, 1000):
                 batch = [message(rng, i) for i in range(base, min(items, base + 1000))]
                 await session.add_items(batch)
             load = time.perf_counter() - start
-            size = sum(f.stat().st_size for f in Path(tmp).iterdir())
+            size = await storage_mb(mem, tmp)
             print(f"\n1. session of {items:,} items")
-            print(
-                f"  loaded in {load:.1f} s ({items / load:,.0f} items/s); files {size / 1e6:.1f} MB"
-            )
+            print(f"  loaded in {load:.1f} s ({items / load:,.0f} items/s); storage {size:.1f} MB")
 
             print("\n2. get_items")
             report(
@@ -159,5 +192,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, 10k items")
     parser.add_argument("--items", type=int, default=None)
+    parser.add_argument("--dsn", help="measure PostgreSQL (a fresh schema in this database)")
     args = parser.parse_args()
-    asyncio.run(main(args.items or (10_000 if args.quick else 100_000), args.quick))
+    asyncio.run(main(args.items or (10_000 if args.quick else 100_000), args.quick, args.dsn))

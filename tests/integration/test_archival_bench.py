@@ -6,9 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import archival_bench
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # benchmarks/ is not an installed package: run from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import archival_bench  # noqa: E402
 
 
 def test_run_reports_every_measure() -> None:
@@ -42,3 +46,16 @@ def test_command_line() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "| 200 |" in proc.stdout
+
+
+@pytest.mark.postgres
+def test_run_on_postgres() -> None:
+    from pg import postgres_dsn
+
+    report = archival_bench.run([300], "hashing", dsn=postgres_dsn())
+    [result] = report["results"]
+    assert report["backend"] == "postgres"
+    assert result["passages"] == 300 and result["db_mb"] > 0
+    for kind, numbers in result["search"].items():
+        assert 0 < numbers["p50_ms"] <= numbers["p95_ms"], kind
+    assert "backend: postgres" in archival_bench.table(report)

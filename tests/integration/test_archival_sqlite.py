@@ -10,6 +10,7 @@ import sqlite3
 import threading
 from array import array
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -217,11 +218,54 @@ async def test_common_words_are_left_to_vector_search(
         ids = await store.insert_many(TEXTS)
         monkeypatch.setattr(arch, "COMMON_TERM_FLOOR", 0)
         monkeypatch.setattr(arch, "COMMON_TERM_SHARE", 0.0)  # every word counts as common
-        st = arch._state(await store._shared.db.read("t", arch._STATE, {"ns": store._ns}))
+        st = arch._state(await store._shared.db.read("t", arch._SEARCH_STATE, {"ns": store._ns}))
         assert st is not None
         filters = arch._Filters(None, "any", None, None)
-        assert await store._keyword_candidates("blender refund", st.nsid, filters, 50) == []
+        assert await store._keyword_candidates("blender refund", st, filters, 50) == []
         assert _ids(await store.search("blender refund", top_k=1)) == [ids[1]]
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {},
+        {"tags": ["t1"]},
+        {"tags": ["t1", "t2"], "tag_mode": "all"},
+        {"after": datetime(2000, 1, 1, tzinfo=UTC)},
+    ],
+    ids=repr,
+)
+async def test_keyword_search_is_the_same_alone_in_the_file_or_not(
+    tmp_path: Path, filters: dict[str, Any]
+) -> None:
+    """The single-namespace shortcut (no join) finds what the joined query finds."""
+    texts = [f"Invoice {i} for the blender refund, batch {i % 7}." for i in range(60)]
+    tags = [[f"t{i % 3}", f"t{i % 2 + 1}"] for i in range(60)]
+    async with SqliteArchivalStore.open(tmp_path / "memory.db") as alone:
+        for text, tag in zip(texts, tags, strict=True):
+            await alone.insert(text, tags=tag)
+        only = [
+            h.passage.text
+            for h in (await alone.search("blender refund batch", top_k=30, **filters)).hits
+        ]
+        other = alone.for_namespace(("other",))
+        await other.insert("Unrelated blender refund note.")
+        shared = [
+            h.passage.text
+            for h in (await alone.search("blender refund batch", top_k=30, **filters)).hits
+        ]
+    assert only == shared and only
+
+
+async def test_term_counts_are_cached_until_the_file_changes(tmp_path: Path) -> None:
+    async with SqliteArchivalStore.open(tmp_path / "memory.db") as store:
+        await store.insert_many([f"Blender refund {i}." for i in range(5)])
+        await store.search("blender refund")
+        cached = dict(store._shared.term_counts)
+        assert cached and set(cached.values()) == {5}
+        await store.for_namespace(("elsewhere",)).insert("Blender again.")
+        await store.search("blender refund")
+        assert store._shared.term_counts['"blender"'] == 6
 
 
 async def test_a_broken_embedder_is_reported(tmp_path: Path) -> None:

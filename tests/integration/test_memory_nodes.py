@@ -1,4 +1,8 @@
-"""The ready-made memory nodes (``memory.nodes``) in real graphs, crashes included."""
+"""The ready-made memory nodes (``memory.nodes``) in real graphs, crashes included.
+
+Every test that takes ``mem`` runs on both backends: SQLite (a file) and PostgreSQL (a fresh
+schema; skipped, saying why, when no server is configured).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from graphexec import (
     NodeContext,
     StateGraph,
 )
-from memory import Block, SqliteMemory
+from memory import Block, PostgresMemory, SqliteMemory
 from memory.nodes import (
     MemoryNode,
     archival_insert,
@@ -48,10 +52,19 @@ class Chat(TypedDict, total=False):
     compaction: dict[str, Any] | None
 
 
-@pytest.fixture
-async def mem(tmp_path: Path) -> AsyncIterator[SqliteMemory]:
-    async with SqliteMemory.open(tmp_path / "memory.db") as m:
-        yield m
+Memory = SqliteMemory | PostgresMemory
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def mem(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Memory]:
+    if request.param == "sqlite":
+        async with SqliteMemory.open(tmp_path / "memory.db") as m:
+            yield m
+        return
+    from pg import fresh_schema, postgres_dsn
+
+    async with fresh_schema() as schema, PostgresMemory.open(postgres_dsn(), schema=schema) as pm:
+        yield pm
 
 
 def chain(*nodes: tuple[str, Any], memory: Any, checkpointer: Any = None) -> CompiledGraph[Chat]:
@@ -76,7 +89,7 @@ def echo_agent(state: Chat) -> dict[str, Any]:
     }
 
 
-def chat_graph(mem: SqliteMemory, limit: int | None = None, **save: Any) -> CompiledGraph[Chat]:
+def chat_graph(mem: Memory, limit: int | None = None, **save: Any) -> CompiledGraph[Chat]:
     return chain(
         ("load", load_history(limit=limit, count_key="loaded")),
         ("agent", echo_agent),
@@ -91,7 +104,7 @@ def chat_graph(mem: SqliteMemory, limit: int | None = None, **save: Any) -> Comp
 @pytest.mark.parametrize("save", [{}, {"since_key": "loaded"}])
 @pytest.mark.parametrize("limit", [None, 1, 3])
 async def test_history_round_trip_over_turns(
-    mem: SqliteMemory, limit: int | None, save: dict[str, Any]
+    mem: Memory, limit: int | None, save: dict[str, Any]
 ) -> None:
     g = chat_graph(mem, limit=limit, **save)
     for i, text in enumerate(["a", "b", "a", "c"]):
@@ -104,7 +117,7 @@ async def test_history_round_trip_over_turns(
     assert await mem.session("other").get_items() == []
 
 
-async def test_save_items_twice_stores_nothing_more(mem: SqliteMemory) -> None:
+async def test_save_items_twice_stores_nothing_more(mem: Memory) -> None:
     g = chain(
         ("load", load_history()),
         ("agent", echo_agent),
@@ -122,7 +135,7 @@ async def test_nodes_without_memory_raise_a_clear_error() -> None:
         await g.ainvoke({"session_id": "s"}, thread_id="t")
 
 
-async def test_missing_session_id_is_a_memory_error(mem: SqliteMemory) -> None:
+async def test_missing_session_id_is_a_memory_error(mem: Memory) -> None:
     g = chain(("load", load_history()), memory=mem)
     with pytest.raises(MemoryStoreError, match="session_id"):
         await g.ainvoke({"user": "x"}, thread_id="t")
@@ -131,7 +144,7 @@ async def test_missing_session_id_is_a_memory_error(mem: SqliteMemory) -> None:
 # -- facts, blocks, archival --------------------------------------------------------------------
 
 
-async def test_upsert_then_load_facts_summary(mem: SqliteMemory) -> None:
+async def test_upsert_then_load_facts_summary(mem: Memory) -> None:
     async def extract(state: Mapping[str, Any]) -> dict[str, Any]:
         return {"seat": "window"} if "window" in state["user"] else {}
 
@@ -148,7 +161,7 @@ async def test_upsert_then_load_facts_summary(mem: SqliteMemory) -> None:
     assert out["facts"] == ""
 
 
-async def test_render_blocks(mem: SqliteMemory) -> None:
+async def test_render_blocks(mem: Memory) -> None:
     await mem.blocks.create(Block("human", "Name: Ada", limit=100, description="the user"))
     await mem.blocks.create(Block("persona", "A travel agent", limit=100))
     g = chain(("render", render_blocks(labels=["human"])), memory=mem)
@@ -157,7 +170,7 @@ async def test_render_blocks(mem: SqliteMemory) -> None:
     assert "travel agent" not in out["core_memory"]
 
 
-async def test_archival_insert_then_search(mem: SqliteMemory) -> None:
+async def test_archival_insert_then_search(mem: Memory) -> None:
     g = chain(
         ("insert", archival_insert("note", tags=("travel",), into="note_ids")),
         ("search", archival_search("query", "hits", top_k=3, tags=["travel"])),
@@ -191,11 +204,23 @@ class Crash:
         return update
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "same database"])
 async def test_crash_after_writes_then_resume_writes_once(
-    mem: SqliteMemory, tmp_path: Path, backend: str
+    mem: Memory, tmp_path: Path, backend: str
 ) -> None:
-    cp: Any = InMemoryCheckpointer() if backend == "memory" else SqliteCheckpointer(tmp_path / "c")
+    cp: Any
+    if backend == "memory":
+        cp = InMemoryCheckpointer()
+    elif backend == "same database" and isinstance(mem, PostgresMemory):
+        from pg import postgres_dsn
+
+        from checkpointers import PostgresCheckpointer
+
+        cp = PostgresCheckpointer(postgres_dsn(), schema=mem.schema)
+    elif backend == "same database" and mem.path is not None:
+        cp = SqliteCheckpointer(mem.path)  # checkpoints and memory in one file
+    else:
+        cp = SqliteCheckpointer(tmp_path / "c")
     crashing = {
         "save": Crash(save_items()),
         "facts": Crash(upsert_facts(lambda s: {"seat": s["user"]}, namespace=("u",))),
@@ -217,7 +242,7 @@ async def test_crash_after_writes_then_resume_writes_once(
                 await g.ainvoke(None, thread_id="t")
         out = await g.ainvoke(None, thread_id="t")
     finally:
-        if backend == "sqlite":
+        if backend != "memory":
             await cp.aclose()
     assert [c.calls for c in crashing.values()] == [2, 2, 2]
     assert [m["content"] for m in await mem.session("s").get_items()] == [
@@ -230,7 +255,7 @@ async def test_crash_after_writes_then_resume_writes_once(
     assert out["note_ids"] == [page.hits[0].passage.id]
 
 
-async def test_custom_node_with_op_key_survives_crash(mem: SqliteMemory) -> None:
+async def test_custom_node_with_op_key_survives_crash(mem: Memory) -> None:
     calls = 0
 
     async def remember(state: Chat, ctx: NodeContext) -> dict[str, Any]:
@@ -269,7 +294,7 @@ def long_turns(n: int) -> list[dict[str, Any]]:
     ]
 
 
-async def test_compact_below_threshold_does_nothing(mem: SqliteMemory) -> None:
+async def test_compact_below_threshold_does_nothing(mem: Memory) -> None:
     await mem.session("s").add_items(long_turns(4))
     g = chain(("compact", compact(budget_tokens=10_000, into="compaction")), memory=mem)
     out = await g.ainvoke({"session_id": "s"}, thread_id="t")
@@ -277,7 +302,7 @@ async def test_compact_below_threshold_does_nothing(mem: SqliteMemory) -> None:
     assert len(await mem.session("s").get_items()) == 4
 
 
-async def test_compact_past_threshold_summarises_and_evicts(mem: SqliteMemory) -> None:
+async def test_compact_past_threshold_summarises_and_evicts(mem: Memory) -> None:
     session = mem.session("s")
     await session.add_items(long_turns(12))
     before = await session.get_items()
@@ -300,7 +325,7 @@ async def test_compact_past_threshold_summarises_and_evicts(mem: SqliteMemory) -
     assert any(h.evicted and "Turn 1 talks" in h.item["content"] for h in hits)
 
 
-async def test_compact_with_custom_summarizer_and_counter(mem: SqliteMemory) -> None:
+async def test_compact_with_custom_summarizer_and_counter(mem: Memory) -> None:
     class OnePerItem:
         def count(self, text: str) -> int:
             return 1
@@ -323,7 +348,7 @@ async def test_compact_with_custom_summarizer_and_counter(mem: SqliteMemory) -> 
     assert len(items[0]["replaces"]) == 6
 
 
-async def test_compact_keeps_keep_last(mem: SqliteMemory) -> None:
+async def test_compact_keeps_keep_last(mem: Memory) -> None:
     await mem.session("s").add_items(long_turns(3))
     g = chain(("compact", compact(budget_tokens=10, keep_last=4, into="compaction")), memory=mem)
     out = await g.ainvoke({"session_id": "s"}, thread_id="t")
@@ -340,7 +365,7 @@ def test_compact_rejects_bad_settings() -> None:
 # -- sleep-time consolidation -------------------------------------------------------------------
 
 
-async def test_sleeptime_runs_every_n_and_per_session(mem: SqliteMemory) -> None:
+async def test_sleeptime_runs_every_n_and_per_session(mem: Memory) -> None:
     runs: list[tuple[str, int]] = []
 
     async def consolidate(memory: Any, state: Mapping[str, Any]) -> None:
@@ -357,7 +382,7 @@ async def test_sleeptime_runs_every_n_and_per_session(mem: SqliteMemory) -> None
     assert fact is not None and fact.value == 7
 
 
-async def test_sleeptime_crash_does_not_double_count(mem: SqliteMemory) -> None:
+async def test_sleeptime_crash_does_not_double_count(mem: Memory) -> None:
     calls: list[int] = []
     g = chain(
         ("sleep", Crash(sleeptime(lambda m, s: calls.append(1), every=1))),
