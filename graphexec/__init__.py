@@ -50,6 +50,7 @@ from graphexec.errors import (
     InvalidResumeError,
     InvalidUpdateError,
     LeaseLostError,
+    MemoryConflictError,
     MemoryStoreError,
     NodeExecutionError,
     NodeTimeoutError,
@@ -122,5 +123,6 @@ __all__ = [
     "DeserializationError",
     "StorageError",
     "MemoryStoreError",
+    "MemoryConflictError",
     "NotSupportedError",
 ]

@@ -64,6 +64,7 @@ EXPECTED = {
     "DeserializationError",
     "StorageError",
     "MemoryStoreError",
+    "MemoryConflictError",
     "NotSupportedError",
     "interrupt",
     "RunState",
