@@ -845,7 +845,12 @@ def _enc_decimal(obj: decimal.Decimal) -> Any:
 
 
 def _dec_bigint(data: bytes) -> int:
-    return int.from_bytes(data, "big", signed=True)
+    value = int.from_bytes(data, "big", signed=True)
+    # Only what _enc_bigint writes: a value msgpack cannot hold natively, in its shortest form.
+    # Anything else is not data this library wrote (e.g. another framework's extension 1).
+    if -(2**63) <= value <= 2**64 - 1 or len(data) != (value.bit_length() + 8) // 8:
+        raise _Corrupt("malformed big-int payload (not in the form graphexec writes)")
+    return value
 
 
 def _dec_date(data: bytes) -> dt.date:

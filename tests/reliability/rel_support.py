@@ -211,7 +211,7 @@ MARKER = "gxinj"
 _PAYLOADS = [
     "x' OR '1'='1",
     "x'); DROP TABLE graphexec_checkpoints; --",
-    "x\"; DROP TABLE graphexec_heads; --",
+    'x"; DROP TABLE graphexec_heads; --',
     "x' UNION SELECT sqlite_version(), 1, 2 --",
     "x'||(SELECT version())||'",
     "x'; SELECT pg_sleep(5); --",
@@ -228,9 +228,7 @@ _PAYLOADS = [
     "x'; ATTACH DATABASE '/tmp/gx-evil.db' AS evil; --",
     "x' OR json_extract(metadata, '$.a') IS NULL --",
 ]
-INJECTIONS: list[str] = [
-    p.replace("x", f"{MARKER}{i:02d}", 1) for i, p in enumerate(_PAYLOADS)
-]
+INJECTIONS: list[str] = [p.replace("x", f"{MARKER}{i:02d}", 1) for i, p in enumerate(_PAYLOADS)]
 """SQL-injection strings; each starts with (or contains) its own marker."""
 
 
@@ -269,6 +267,7 @@ class AuditGuard:
     def __init__(self) -> None:
         self.depth = 0
         self.violations: list[str] = []
+        self.where: list[str] = []
         self.events_seen = 0
         self.canary: Path | None = None
         self._installed = False
@@ -293,8 +292,12 @@ class AuditGuard:
                 if Path(os.fsdecode(args[0])).name == self.canary.name:
                     bad = f"open {args[0]}"
         if bad is not None:
+            import traceback
+
+            where = "".join(traceback.format_stack(limit=8)[:-1])
             with self._lock:
                 self.violations.append(bad)
+                self.where.append(where)
 
     @contextlib.contextmanager
     def armed(self, canary: Path) -> Iterator[None]:
@@ -308,7 +311,10 @@ class AuditGuard:
         finally:
             self.depth -= 1
         found = self.violations[before:]
-        assert not found, f"stored bytes made the process do forbidden things: {found}"
+        assert not found, (
+            f"stored bytes made the process do forbidden things: {found}\n"
+            + "\n".join(self.where[before : before + 3])
+        )
         assert not canary.exists(), f"the canary {canary} was written"
 
 

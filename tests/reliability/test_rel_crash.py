@@ -62,9 +62,11 @@ async def _reference(workflow: str, folder: Path) -> tuple[dict[str, Any], Any, 
         graph = flows.build(workflow, InMemoryCheckpointer(), mem, folder)
         values = await flows.drive(graph, "reference", fresh=True)
         contents = await flows.memory_contents(mem) if workflow == "memory" else None
-    effects = (folder / "effects.log").read_text().splitlines() if (
-        folder / "effects.log"
-    ).exists() else []
+    effects = (
+        (folder / "effects.log").read_text().splitlines()
+        if (folder / "effects.log").exists()
+        else []
+    )
     return values, contents, len(effects)
 
 
@@ -218,7 +220,9 @@ def _check_thread(
         problems.append(f"{where}: {pending} pending writes left on the finished head")
     # c) effects: once per idempotency key
     ledger = folder / "effects.log"
-    entries = [tuple(x.split()[1:]) for x in ledger.read_text().splitlines()] if ledger.exists() else []
+    entries = (
+        [tuple(x.split()[1:]) for x in ledger.read_text().splitlines()] if ledger.exists() else []
+    )
     distinct = set(entries)
     kills = sum(g.returncode == -9 for g in gens)
     if len(distinct) != ref_effects:
@@ -233,9 +237,7 @@ def _check_thread(
     return problems
 
 
-def run_case(
-    backend: Backend, workflow: str, durability: str, base: Path, ref: Any
-) -> CaseResult:
+def run_case(backend: Backend, workflow: str, durability: str, base: Path, ref: Any) -> CaseResult:
     rng = rng_for(f"crash:{backend.kind}:{workflow}:{durability}")
     result = CaseResult()
     while result.kills < KILLS_PER_CASE and result.threads < MAX_THREADS_PER_CASE:
@@ -268,9 +270,7 @@ def run_case(
             STATS.add("resumes", len(gens) - 1)
             break
         result.kills += thread_kills
-        result.problems += _check_thread(
-            backend, workflow, durability, thread, gens, folder, ref
-        )
+        result.problems += _check_thread(backend, workflow, durability, thread, gens, folder, ref)
     return result
 
 
