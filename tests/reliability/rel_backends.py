@@ -102,7 +102,7 @@ def backend_params() -> list[Any]:
     ]
 
 
-# -- memory stores -----------------------------------------------------------------------------
+# -- memory stores ----
 
 
 @contextlib.asynccontextmanager

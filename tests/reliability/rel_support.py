@@ -71,7 +71,7 @@ class Stats:
 STATS = Stats()
 
 
-# -- SQL text recording --------------------------------------------------------------------------
+# -- SQL text recording ----
 
 
 class SqlRecorder:
@@ -203,7 +203,7 @@ def _pg_text(query: Any, cursor: Any) -> str:
         return repr(query)
 
 
-# -- hostile strings -----------------------------------------------------------------------------
+# -- hostile strings ----
 
 MARKER = "gxinj"
 """Every injection string carries ``gxinj<NN>``; no legitimate SQL text contains it."""

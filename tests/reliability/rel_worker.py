@@ -24,8 +24,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "integration"))
 
-import rel_workflows as flows  # noqa: E402
-from rel_backends import open_spec  # noqa: E402
+import rel_workflows as flows
+from rel_backends import open_spec
 
 
 def _print(line: str) -> None:

@@ -131,7 +131,7 @@ async def run_with_fault(graph: CompiledGraph[Any], thread: str, durability: str
     return "failed"
 
 
-# -- SQLite ----------------------------------------------------------------------------------------
+# -- SQLite ----
 
 SQLITE_ERRORS: dict[str, Callable[[], Exception]] = {
     "io-error": lambda: sqlite3.OperationalError("disk I/O error"),
@@ -203,7 +203,7 @@ async def test_sqlite_nth_statement_fails(tmp_path: Path, error: str, durability
 SQLITE_FAULTS_ERRORS = SQLITE_ERRORS
 
 
-# -- PostgreSQL -------------------------------------------------------------------------------------
+# -- PostgreSQL ----
 
 
 class PgFaults:

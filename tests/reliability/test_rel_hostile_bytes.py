@@ -22,7 +22,7 @@ from typing import Annotated, Any, TypedDict
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
-from rel_backends import Backend, backend_params, make_backend
+from rel_backends import backend_params, make_backend
 from rel_support import GUARD, STATS
 
 from graphexec import (
@@ -188,7 +188,7 @@ def test_constructor_style_envelopes_stay_plain_data(canary: Path, row: str) -> 
     STATS.add("hostile", kind="hostile bytes (serializer)")
 
 
-# -- through storage ------------------------------------------------------------------------------
+# -- through storage ----
 
 
 class Notes(TypedDict):
@@ -287,7 +287,7 @@ async def test_hostile_blobs_in_every_stored_column_are_refused(
         assert backend.integrity_problems() == []
 
 
-# -- RunState documents -----------------------------------------------------------------------------
+# -- RunState documents ----
 
 
 class Review(TypedDict):
@@ -385,7 +385,7 @@ async def test_hostile_runstate_documents_are_refused(
     assert done.status == "interrupted" and done.interruptions[0].kind == "approval"
 
 
-# -- queued run inputs ---------------------------------------------------------------------------------
+# -- queued run inputs ----
 
 
 @pytest.mark.postgres
@@ -394,7 +394,7 @@ async def test_a_hostile_queued_input_fails_the_run_and_runs_nothing(
 ) -> None:
     from pg import admin_connection, fresh_schema, schema_dsn
 
-    import checkpointers.postgres  # noqa: F401 - imported lazily by workers; not under the guard
+    import checkpointers.postgres
     from checkpointers.queue import RunQueue, Worker
 
     async with fresh_schema() as schema:
