@@ -109,6 +109,7 @@ def backend_params() -> list[Any]:
 async def _sqlite_memory(folder: Path) -> AsyncIterator[Any]:
     from memory import SqliteMemory
 
+    folder.mkdir(parents=True, exist_ok=True)
     async with SqliteMemory.open(folder / "memory.db") as mem:
         yield mem
 
