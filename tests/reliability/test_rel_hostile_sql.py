@@ -168,7 +168,9 @@ async def test_confusable_thread_ids_never_see_each_other(backend: Backend) -> N
 
 async def test_confusable_checkpoint_namespaces(backend: Backend) -> None:
     async with backend.open() as cp:
-        heads = {ns: (await put_chain(cp, "t", 1 + i % 3, ns=ns))[-1] for i, ns in enumerate(CONFUSABLE)}
+        heads = {}
+        for i, ns in enumerate(CONFUSABLE):
+            heads[ns] = (await put_chain(cp, "t", 1 + i % 3, ns=ns))[-1]
         for ns, head in heads.items():
             got = await cp.get("t", ns)
             assert got is not None and got.checkpoint.checkpoint_id == head.checkpoint_id, ns
@@ -243,7 +245,8 @@ async def test_confusable_memory_namespaces_never_see_each_other(mem: Any) -> No
     ]
     for ns in namespaces:
         await mem.facts.put(ns, "k", repr(ns))
-        await mem.session("|".join(ns) or "empty").add_items([{"role": "user", "content": repr(ns)}])
+        item = {"role": "user", "content": repr(ns)}
+        await mem.session("|".join(ns) or "empty").add_items([item])
         await mem.archival_for(ns).insert(f"archival {ns!r}", tags=list(ns))
     for ns in namespaces:
         facts = await mem.facts.list(ns)
