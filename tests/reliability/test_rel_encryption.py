@@ -21,8 +21,15 @@ from rel_backends import Backend, backend_params, make_backend
 from rel_support import STATS
 
 from checkpointers import Encryption
-from graphexec import END, START, BaseCheckpointer, CompiledGraph, DeserializationError, Send
-from graphexec import StateGraph
+from graphexec import (
+    END,
+    START,
+    BaseCheckpointer,
+    CompiledGraph,
+    DeserializationError,
+    Send,
+    StateGraph,
+)
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(100, 132))
