@@ -34,7 +34,7 @@ def canary(tmp_path: Path) -> Path:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not (STATS.kills or STATS.faults or STATS.hostile or RECORDER.total):
+    if not (STATS.kills or STATS.faults or STATS.hostile or RECORDER.total or STATS.soak):
         return
     tr = terminalreporter
     tr.section("reliability battery")
