@@ -271,14 +271,22 @@ def pg_faults(monkeypatch: pytest.MonkeyPatch) -> PgFaults:
     return faults
 
 
-def pg_connections(tag: str) -> int:
+def pg_connections(tag: str, *, settle: float = 5.0) -> int:
+    """Server connections of ``tag`` (a terminated backend may linger for a moment: wait)."""
+    import time
+
     from pg import admin_connection
 
-    with admin_connection() as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (tag,)
-        ).fetchone()
-    return int(row[0]) if row else 0
+    deadline = time.monotonic() + settle
+    while True:
+        with admin_connection() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (tag,)
+            ).fetchone()
+        count = int(row[0]) if row else 0
+        if count == 0 or time.monotonic() > deadline:
+            return count
+        time.sleep(0.02)
 
 
 def row_locks_free(backend: Backend, thread: str) -> bool:
@@ -366,7 +374,7 @@ async def test_postgres_nth_statement_fails(
                             problems.append(f"{durability} n={n}: {p}")
                 if fd_count() != fds:
                     problems.append(f"{durability} n={n}: {fd_count() - fds} fds leaked")
-                if pg_connections(tag):
+                if await asyncio.to_thread(pg_connections, tag):
                     problems.append(f"{durability} n={n}: server connections left open")
         problems += backend.integrity_problems()
     assert not problems, f"seed {SEED}:\n" + "\n".join(problems)
@@ -429,5 +437,5 @@ async def test_postgres_transaction_loses_its_backend_right_after_commit(
             for i in (1, 2):  # the other threads are untouched
                 assert (await graph.aget_state(f"t{i}")).values == final  # type: ignore[union-attr]
         assert fd_count() == fds
-        assert pg_connections(tag) == 0
+        assert await asyncio.to_thread(pg_connections, tag) == 0
         assert backend.integrity_problems() == [] or op == "prune"
