@@ -352,7 +352,7 @@ def analyse(
             problems.append(
                 f"connections grew from {report.connections_first} to {report.connections_max}"
             )
-    if report.p99_drift > max_drift:
+    if max_drift and report.p99_drift > max_drift:
         problems.append(f"p99 drifted {report.p99_drift}x")
     report.passed = not problems
     report.limits = {"growth_mb_per_min": max_growth, "p99_drift": max_drift}
@@ -406,7 +406,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--max-growth", type=float, default=MAX_GROWTH_MB_PER_MIN, help="RSS MB/min limit"
     )
-    p.add_argument("--max-drift", type=float, default=MAX_P99_DRIFT, help="p99 drift limit")
+    p.add_argument(
+        "--max-drift", type=float, default=MAX_P99_DRIFT, help="p99 drift limit (0: report only)"
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

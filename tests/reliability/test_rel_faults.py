@@ -290,17 +290,19 @@ def pg_connections(tag: str, *, settle: float = 5.0) -> int:
 
 
 def row_locks_free(backend: Backend, thread: str) -> bool:
+    """Whether the thread's head and lease rows can be locked (within 2 s: a terminated
+    backend releases its locks when its process has exited, a moment after the kill)."""
     from pg import admin_connection
 
     schema = backend.spec["schema"]
     with admin_connection() as conn:
         try:
             with conn.transaction():
-                conn.execute("SET LOCAL lock_timeout = '200ms'")
+                conn.execute("SET LOCAL lock_timeout = '2s'")
                 for table in ("heads", "leases"):
                     conn.execute(
                         f'SELECT 1 FROM "{schema}".graphexec_{table} WHERE thread_id = %s '
-                        "FOR UPDATE NOWAIT",
+                        "FOR UPDATE",
                         (thread,),
                     )
         except Exception:

@@ -4,8 +4,9 @@ Runs ``benchmarks.soak`` for 60 s on SQLite and, when a server is configured, Po
 same time. In 60 s the leak and drift criteria of the 10-minute soak (< 0.5 MB/min, p99 drift
 <= 1.2x) are dominated by warm-up (SQLite's page cache filling, the pool growing to its working
 size) and by the neighbours of a shared 2-core machine, so this profile checks what 60 s can
-show: no errors, open files and connections flat, and only gross growth or drift
-(< 5 MB/min, <= 2x). The long profile applies the real limits.
+show: no errors, open files and connections flat, and no gross memory growth (< 5 MB/min);
+p99 drift is reported, not judged (60 s of a shared machine's noise says nothing about drift).
+The long profile (``GRAPHEXEC_RELIABILITY_PROFILE=long``) runs 10 minutes with the real limits.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def test_soak_profile(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks.soak", "--backend", ",".join(backends)]
     command += ["--seconds", "600" if LONG else "60", "--json", str(out)]
     if not LONG:
-        command += ["--max-growth", "5", "--max-drift", "2.0", "--concurrency", "2"]
+        command += ["--max-growth", "5", "--max-drift", "0", "--concurrency", "2"]
     proc = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=900 if LONG else 110
     )
