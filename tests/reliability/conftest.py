@@ -41,7 +41,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     tr.write_line(
         f"reliability: {STATS.kills} kills survived ({STATS.resumes} resumes, "
         f"{STATS.missed_kills} runs finished before their kill), {STATS.faults} faults injected, "
-        f"{STATS.hostile} hostile inputs rejected, {STATS.sql_checked or RECORDER.total} SQL "
+        f"{STATS.hostile} hostile inputs tried (all refused or kept inert), "
+        f"{STATS.sql_checked or RECORDER.total} SQL "
         f"statements checked, {STATS.lost} lost"
     )
     tr.write_line(

@@ -262,6 +262,11 @@ def run_case(backend: Backend, workflow: str, durability: str, base: Path, ref: 
                 thread_kills += 1
                 STATS.add("kills", kind=f"kills {backend.kind}")
                 g.head_after, g.saved_after = asyncio.run(_inspect(backend, thread))
+                if backend.kind == "sqlite":  # the file right after the kill, before any resume
+                    result.problems += [
+                        f"{thread} after kill {thread_kills}: {p}"
+                        for p in backend.integrity_problems()
+                    ]
                 continue
             if kill:
                 result.missed += 1
@@ -273,6 +278,7 @@ def run_case(backend: Backend, workflow: str, durability: str, base: Path, ref: 
     return result
 
 
+@pytest.mark.timeout(900 if LONG else 120)
 @pytest.mark.parametrize("workflow", flows.WORKFLOWS)
 @pytest.mark.parametrize("kind", backend_params())
 async def test_sigkill_and_resume_equals_a_crash_free_run(

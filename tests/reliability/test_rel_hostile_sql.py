@@ -273,3 +273,36 @@ async def test_confusable_memory_namespaces_never_see_each_other(mem: Any) -> No
     hits = await mem.recall.search("foo", session_id="%")
     assert all(h.session_id == "%" for h in hits)
     STATS.add("hostile", 4, kind="namespace confusion")
+
+
+@pytest.mark.postgres
+async def test_injection_strings_in_the_run_queue(tmp_path: Path) -> None:
+    import psycopg
+    from pg import fresh_schema, postgres_dsn, schema_dsn
+
+    from checkpointers.queue import RunQueue
+
+    async with fresh_schema() as name:
+        async with await psycopg.AsyncConnection.connect(postgres_dsn(), autocommit=True) as c:
+            await c.execute(f'CREATE SCHEMA "{name}"')
+        queue = RunQueue(schema_dsn(name))
+        try:
+            await queue.setup()
+            control = await queue.enqueue("g", {"x": 1}, thread_id="control", run_id="control")
+            for s in INJECTIONS:
+                rid = await queue.enqueue(s, {s: s}, thread_id=s, run_id=s)
+                assert rid == s
+                run = await queue.get(s)
+                assert run is not None and (run.graph_name, run.thread_id) == (s, s)
+                assert [r.run_id for r in await queue.list(thread_id=s)] == [s]
+                assert await queue.list(thread_id=s + "%") == []
+                cancelled = await queue.cancel(s)
+                assert cancelled.status == "cancelled"
+                STATS.add("hostile", 4, kind="hostile SQL strings (queue)")
+            assert await queue.get("%") is None
+            runs = await queue.list(limit=1000)
+            assert len(runs) == len(INJECTIONS) + 1
+            kept = await queue.get(control)
+            assert kept is not None and kept.status == "queued"
+        finally:
+            await queue.aclose()

@@ -41,6 +41,7 @@ def spawn(dsn: str, trace: Path, folder: Path) -> subprocess.Popen[str]:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.timeout(400 if LONG else 120)
 async def test_killed_queue_workers_drop_no_accepted_run(tmp_path: Path) -> None:
     import psycopg
     from pg import fresh_schema, postgres_dsn, schema_dsn

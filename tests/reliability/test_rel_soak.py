@@ -17,11 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rel_support import LONG, STATS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(1000 if LONG else 120)
 def test_soak_profile(tmp_path: Path) -> None:
     backends = ["sqlite"]
     if os.environ.get("GRAPHEXEC_TEST_POSTGRES_DSN"):
