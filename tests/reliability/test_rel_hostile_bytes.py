@@ -120,6 +120,10 @@ def corrupt_payloads() -> dict[str, bytes]:
         "invalid utf-8 in a str": b"\xa2\xff\xfe",
         "reserved byte 0xc1": b"\xc1",
         "bigint ext with an empty payload then junk": _pack(_ext(1, b"")) + b"\xc1",
+        "bigint ext holding a native int": _pack(_ext(1, b"\x05")),
+        "bigint ext with a redundant sign byte": _pack(
+            _ext(1, b"\x00" + (2**70).to_bytes(9, "big"))
+        ),
         "uuid ext of 3 bytes": _pack(_ext(9, b"abc")),
         "date ext of 9 bytes": _pack(_ext(6, b"123456789")),
         "decimal ext not a number": _pack(_ext(10, b"os.system('x')")),
@@ -176,6 +180,12 @@ def test_code_payloads_never_run_code(canary: Path) -> None:
             assert type(value) is int and inert(value), name
             STATS.add("hostile", kind="hostile bytes (serializer)")
     assert len(payloads) >= 60
+
+
+def test_real_big_ints_still_round_trip() -> None:
+    serde = Serializer()
+    for value in (2**64, -(2**63) - 1, 2**70, -(2**200), 2**64 - 1, -(2**63)):
+        assert serde.loads(serde.dumps(value)) == value
 
 
 @pytest.mark.parametrize("row", sorted(INERT))
