@@ -255,7 +255,10 @@ def run_case(backend: Backend, workflow: str, durability: str, base: Path, ref: 
         thread_kills = 0
         while True:
             kill = result.kills + thread_kills < KILLS_PER_CASE and len(gens) < 12
-            target = rng.randrange(0, EVENTS[workflow]) if kill else None
+            events = (
+                EVENTS[workflow] // 2 if durability == "exit" else EVENTS[workflow]
+            )  # no COMMITs
+            target = rng.randrange(0, events) if kill else None
             g = _run_generation(spec, target, rng.uniform(0, 0.012))
             gens.append(g)
             if g.returncode == -9:
