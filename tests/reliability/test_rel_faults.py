@@ -320,12 +320,18 @@ async def tagged_store(backend: Backend, tag: str) -> AsyncIterator[BaseCheckpoi
         yield cp
 
 
-PG_KINDS = ["terminate-before", "terminate-after-commit", "disk-full", "io-error"]
+PG_CASES = [
+    ("terminate-before", "retry"),
+    ("terminate-before", "no-retry"),
+    ("terminate-after-commit", "retry"),
+    ("terminate-after-commit", "no-retry"),
+    ("disk-full", "never retried"),
+    ("io-error", "never retried"),
+]
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("retries", ["retry", "no-retry"])
-@pytest.mark.parametrize("kind", PG_KINDS)
+@pytest.mark.parametrize(("kind", "retries"), PG_CASES)
 async def test_postgres_nth_statement_fails(
     tmp_path: Path,
     kind: str,
@@ -335,9 +341,7 @@ async def test_postgres_nth_statement_fails(
 ) -> None:
     from checkpointers import _pg_db
 
-    if retries == "no-retry":
-        if kind in ("disk-full", "io-error"):
-            pytest.skip("never retried anyway")
+    if retries == "no-retry":  # a broken connection surfaces as StorageError
         monkeypatch.setattr(_pg_db, "ATTEMPTS", 1)
     by_step, final = await reference_steps()
     durabilities = ["sync", "async", "exit"] if LONG else ["sync"]
@@ -366,6 +370,8 @@ async def test_postgres_nth_statement_fails(
                     retried = retries == "retry" and kind.startswith("terminate")
                     if retried and outcome != "done":
                         problems.append(f"{durability} n={n}: a broken connection was not retried")
+                    if fired and kind in ("disk-full", "io-error") and outcome != "failed":
+                        problems.append(f"{durability} n={n}: a {kind} fault was not reported")
                     if not row_locks_free(backend, thread):
                         problems.append(f"{durability} n={n}: a row lock is still held")
                     for p in (
