@@ -159,8 +159,10 @@ async def test_confusable_thread_ids_never_see_each_other(backend: Backend) -> N
             left = {x.thread_id for x in await graph.alist_threads()}
             assert t not in left
             assert {"foo", "foobar", "FOO", "fo", "f"} <= left, f"deleting {t!r} took: {left}"
-        assert await graph.aprune("foo%", keep_last=1) >= 0
+        assert await graph.aprune("foo%", keep_last=1) == 1  # its own input checkpoint only
         assert len(await graph.aget_state_history("foo")) == 2
+        assert len(await graph.aget_state_history("foobar")) == 2
+        assert len(await graph.aget_state_history("foo%")) == 1
         with pytest.raises(GraphExecError):
             await graph.aprune("zzz%", keep_last=0)
         assert backend.tables() == tables
