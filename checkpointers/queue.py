@@ -32,7 +32,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from graphexec import Command, CompiledGraph, GraphExecError, InvalidResumeError, StorageError
+from graphexec import (
+    Command,
+    CompiledGraph,
+    DeserializationError,
+    GraphExecError,
+    InvalidResumeError,
+    StorageError,
+)
 from graphexec._serde import default_serializer
 
 __all__ = ["QueuedRun", "RunQueue", "RunStatus", "Worker"]
@@ -123,11 +130,27 @@ def _encode_input(value: Any) -> bytes:
 
 
 def _decode_input(blob: bytes | None) -> Any:
+    """The input of a queued run, as :func:`_encode_input` stored it.
+
+    Raises:
+        DeserializationError: The stored bytes are corrupt or not a run input (a row edited
+            behind the queue's back); they are never interpreted as anything else.
+    """
     if blob is None:
         return None
     data = default_serializer().loads(bytes(blob), channel="run input")
+    if type(data) is not dict or len(data) != 1 or not set(data) <= {"input", "command"}:
+        raise DeserializationError(
+            "run input is malformed: expected {'input': ...} or {'command': {...}}",
+            channel="run input",
+        )
     if "command" in data:
         c = data["command"]
+        if type(c) is not dict or set(c) != {"update", "goto", "resume"}:
+            raise DeserializationError(
+                "run input is malformed: a command needs exactly update, goto and resume",
+                channel="run input",
+            )
         goto = c["goto"]
         return Command(
             update=c["update"],
@@ -528,7 +551,11 @@ class Worker:
         self, run_id: str, graph_name: str, thread_id: str, blob: bytes | None, attempts: int
     ) -> None:
         graph = self.graphs[graph_name]
-        given = _decode_input(blob)
+        try:
+            given = _decode_input(blob)
+        except DeserializationError as e:  # a corrupt row must not be retried forever
+            await self._fail(run_id, e)
+            return
         run_input = given
         if attempts > 1:
             # Taken over (or handed back): if this run already committed a step, its input is in

@@ -29,7 +29,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from graphexec._types import Interruption
-from graphexec.errors import GraphExecError, GraphInterrupt, InvalidResumeError
+from graphexec.errors import (
+    DeserializationError,
+    GraphExecError,
+    GraphInterrupt,
+    InvalidResumeError,
+)
 
 if TYPE_CHECKING:
     from graphexec._graph import CompiledGraph
@@ -357,10 +362,16 @@ class RunState:
         try:
             doc = json.loads(text)
             body = doc["body"]
+            if type(body) is not dict:
+                raise TypeError(f"its body is a {type(body).__name__}, not an object")
             fmt = body["format"]
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidResumeError(f"not a RunState JSON document: {e}", thread_id=None) from e
         thread = body.get("thread_id")
+        if thread is not None and type(thread) is not str:
+            raise InvalidResumeError(
+                "malformed RunState: thread_id is not a string", thread_id=None
+            )
         if fmt != _FORMAT:
             raise InvalidResumeError(f"unsupported RunState format {fmt!r}", thread_id=thread)
         signature = doc.get("signature")
@@ -379,10 +390,10 @@ class RunState:
             raise InvalidResumeError(
                 "this RunState is signed; pass key= to verify it", thread_id=thread
             )
-        if body["graph"] != graph.name or body["graph_version"] != graph.version:
+        if body.get("graph") != graph.name or body.get("graph_version") != graph.version:
             raise InvalidResumeError(
-                f"this RunState belongs to graph {body['graph']!r} version "
-                f"{body['graph_version']}, not to {graph.name!r} version {graph.version}",
+                f"this RunState belongs to graph {body.get('graph')!r} version "
+                f"{body.get('graph_version')}, not to {graph.name!r} version {graph.version}",
                 thread_id=thread,
             )
         try:
@@ -407,11 +418,16 @@ class RunState:
                 )
                 for iid, a in body["answers"].items()
             }
-        except (KeyError, TypeError, ValueError) as e:
+            checkpoint_id = body["checkpoint_id"]
+            if type(thread) is not str or type(checkpoint_id) is not str:
+                raise TypeError("thread_id and checkpoint_id must be strings")
+        except (KeyError, TypeError, ValueError, AttributeError, DeserializationError) as e:
+            # Anything but a well-formed document is refused, never half-interpreted; the
+            # values' msgpack (closed registry) never constructs what this graph did not register.
             raise InvalidResumeError(f"malformed RunState: {e}", thread_id=thread) from e
         state = cls(
-            thread_id=body["thread_id"],
-            checkpoint_id=body["checkpoint_id"],
+            thread_id=thread,
+            checkpoint_id=checkpoint_id,
             graph_name=body["graph"],
             graph_version=body["graph_version"],
             interruptions=interruptions,

@@ -80,6 +80,7 @@ __all__ = [
     "EXT_TUPLE",
     "EXT_UUID",
     "EXT_ZONEINFO",
+    "MAX_BYTES",
     "Serializer",
     "default_serializer",
 ]
@@ -126,6 +127,11 @@ EXT_REGISTERED: Final = 13
 ``data`` is the class's encoded form: the field dict of a pydantic model or dataclass, the value
 of an Enum member, the item list of a NamedTuple, or whatever a custom ``encode`` returned. On
 read, ``registered_name`` is looked up in the reading Serializer's own registry only."""
+
+MAX_BYTES: Final = 512 * 1024 * 1024
+"""Default limit on one encoded value (512 MiB): below what SQLite (1 GB per blob by default)
+and PostgreSQL (1 GB per ``bytea``) accept, so an oversized value fails at write time with a
+:class:`~graphexec.errors.SerializationError` naming its channel, not as a driver error."""
 
 _Children = Callable[[Any], Iterable[tuple[str, Any]]]
 
@@ -264,12 +270,19 @@ class Serializer:
             assert serde.loads(blob, channel="notes") == state["notes"]
     """
 
-    def __init__(self, types: Iterable[type] = ()) -> None:
+    def __init__(self, types: Iterable[type] = (), *, max_bytes: int | None = MAX_BYTES) -> None:
         """Create a Serializer knowing the built-in types plus ``types``.
 
         Args:
             types: Classes to :meth:`register` under their default names.
+            max_bytes: Largest encoding :meth:`dumps` produces; a bigger value raises
+                :class:`~graphexec.errors.SerializationError`. ``None``: no limit. Settable
+                later through the :attr:`max_bytes` attribute (e.g. ``graph.serde.max_bytes``).
         """
+        if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 1):
+            raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
+        self.max_bytes = max_bytes
+        """Largest encoding :meth:`dumps` produces (``None``: no limit)."""
         self._by_type: dict[type, _Entry] = {}
         self._by_name: dict[str, _Entry] = {}
         self._local = _ThreadState()
@@ -528,7 +541,8 @@ class Serializer:
         Raises:
             SerializationError: ``value`` contains an unregistered or unsupported type (the
                 message names the channel, the type and where in the value it sits), nests too
-                deeply, contains a reference cycle, or a custom ``encode`` failed.
+                deeply, contains a reference cycle, a custom ``encode`` failed, or its encoding
+                is larger than :attr:`max_bytes`.
         """
         # One Packer per thread, reused: cheaper than msgpack.packb() building one per call. It
         # is taken out of its slot while in use, so a re-entrant dumps() (a custom encode calling
@@ -545,13 +559,24 @@ class Serializer:
             # Packing [value] and dropping the 1-byte array header makes msgpack's nesting limit
             # one level tighter for the value, so dumps() never writes anything nested deeper
             # than the unpacker's fixed-size stack (1024 containers) can read back.
-            return packer.pack([value])[1:]  # type: ignore[no-any-return]
+            out: bytes = packer.pack([value])[1:]
         except _Unsupported as e:
             raise self._unsupported_error(value, e, channel) from None
         except Exception as e:
             raise self._failed_error(value, e, channel) from e
         finally:
             state.packer = packer  # pack() resets its buffer on errors too
+        limit = self.max_bytes
+        if limit is not None and len(out) > limit:
+            raise SerializationError(
+                f"cannot serialize value{_for_channel(channel)}: its encoding is {len(out)} "
+                f"bytes, over the limit of {limit} bytes (Serializer.max_bytes); keep large "
+                "data outside the state (a file or object store) and store a reference, or "
+                "raise the limit (graph.serde.max_bytes = ...)",
+                channel=channel,
+                type_name=_type_name(type(value)),
+            )
+        return out
 
     def _default(self, obj: Any) -> Any:
         # msgpack calls this for every value it does not pack natively (with strict_types, that
@@ -820,7 +845,12 @@ def _enc_decimal(obj: decimal.Decimal) -> Any:
 
 
 def _dec_bigint(data: bytes) -> int:
-    return int.from_bytes(data, "big", signed=True)
+    value = int.from_bytes(data, "big", signed=True)
+    # Only what _enc_bigint writes: a value msgpack cannot hold natively, in its shortest form.
+    # Anything else is not data this library wrote (e.g. another framework's extension 1).
+    if -(2**63) <= value <= 2**64 - 1 or len(data) != (value.bit_length() + 8) // 8:
+        raise _Corrupt("malformed big-int payload (not in the form graphexec writes)")
+    return value
 
 
 def _dec_date(data: bytes) -> dt.date:
