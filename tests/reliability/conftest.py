@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rel_backends import drop_memory_schemas
 from rel_support import GUARD, LONG, PROFILE, RECORDER, SEED, STATS, install_recorders
 
 
@@ -25,6 +26,7 @@ def _record_sql() -> Iterator[None]:
         yield
     finally:
         restore()
+        drop_memory_schemas()
 
 
 @pytest.fixture

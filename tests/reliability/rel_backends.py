@@ -7,6 +7,8 @@ process gets :attr:`Backend.spec` (JSON) and opens the same store with :func:`op
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -114,8 +116,48 @@ async def _sqlite_memory(folder: Path) -> AsyncIterator[Any]:
         yield mem
 
 
+_PG_MEMORY_SCHEMAS: set[str] = set()
+
+
+@contextlib.asynccontextmanager
+async def _postgres_memory(folder: Path) -> AsyncIterator[Any]:
+    """PostgresMemory on a schema named after ``folder``: opening the same folder twice (two
+    writers, or a reopen) reaches the same store, as two opens of one SQLite file do."""
+    from pg import SCHEMA_PREFIX, postgres_dsn
+
+    from memory.postgres import PostgresMemory
+
+    digest = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:12]
+    schema = f"{SCHEMA_PREFIX}{os.getpid()}_mem_{digest}"
+    _PG_MEMORY_SCHEMAS.add(schema)
+    async with PostgresMemory.open(postgres_dsn(), schema=schema) as mem:
+        yield mem
+
+
+def drop_memory_schemas() -> None:
+    """Drop the schemas :func:`_postgres_memory` created (at the end of the session)."""
+    if not _PG_MEMORY_SCHEMAS:
+        return
+    from pg import admin_connection
+    from psycopg import sql
+
+    with admin_connection() as conn:
+        for schema in sorted(_PG_MEMORY_SCHEMAS):
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    _PG_MEMORY_SCHEMAS.clear()
+
+
 MEMORY_FACTORIES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[Any]]] = {
     "sqlite-memory": _sqlite_memory,
-    # TODO(merge): add "postgres-memory": _postgres_memory (memory.postgres.PostgresMemory on a
-    # fresh schema, marked postgres) once the PostgresMemory branch is merged.
+    "postgres-memory": _postgres_memory,
 }
+
+
+def memory_params() -> list[Any]:
+    """The memory factories as pytest params (the PostgreSQL one marked ``postgres``)."""
+    import pytest
+
+    return [
+        pytest.param(name, id=name, marks=[pytest.mark.postgres] if "postgres" in name else [])
+        for name in sorted(MEMORY_FACTORIES)
+    ]

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import rel_workflows as flows
 import sqlite_worker
-from rel_backends import MEMORY_FACTORIES, backend_params, make_backend
+from rel_backends import MEMORY_FACTORIES, backend_params, make_backend, memory_params
 from rel_support import LONG, STATS
 
 from graphexec import (
@@ -207,7 +207,7 @@ WRITERS = 8
 PER_WRITER = 25 if LONG else 12
 
 
-@pytest.mark.parametrize("factory", sorted(MEMORY_FACTORIES))
+@pytest.mark.parametrize("factory", memory_params())
 async def test_memory_stores_under_concurrent_writers(factory: str, tmp_path: Path) -> None:
     from memory import Block
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from rel_backends import MEMORY_FACTORIES, Backend, backend_params, make_backend
+from rel_backends import MEMORY_FACTORIES, Backend, backend_params, make_backend, memory_params
 from rel_support import INJECTIONS, STATS
 
 from graphexec import (
@@ -183,7 +183,7 @@ async def test_confusable_checkpoint_namespaces(backend: Backend) -> None:
 # -- memory stores ---------------------------------------------------------------------------
 
 
-@pytest.fixture(params=sorted(MEMORY_FACTORIES))
+@pytest.fixture(params=memory_params())
 async def mem(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     async with MEMORY_FACTORIES[request.param](tmp_path) as m:
         yield m

@@ -10,6 +10,7 @@ user data travels only as bound parameters.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TypedDict
 
@@ -58,6 +59,8 @@ async def test_no_user_string_reaches_sql_text(kind: str, tmp_path: Path) -> Non
     await _exercise_checkpointer(kind, tmp_path / "cp")
     if kind == "sqlite":
         for name in sorted(MEMORY_FACTORIES):
+            if "postgres" in name and not os.environ.get("GRAPHEXEC_TEST_POSTGRES_DSN"):
+                continue  # without a server (never in CI, where it is required)
             await _exercise_memory(name, tmp_path / name)
     assert RECORDER.total - before >= 100, "the recorder saw too few statements"
     texts = list(RECORDER.statements)
