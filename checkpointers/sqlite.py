@@ -341,6 +341,17 @@ class SqliteCheckpointer(BaseCheckpointer):
         self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None
     ) -> CheckpointTuple | None:
         """See :meth:`BaseCheckpointer.get`. One statement, whatever the chain length."""
+        return await self._get(thread_id, checkpoint_ns, checkpoint_id, None)
+
+    async def get_since(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, *, known: str
+    ) -> CheckpointTuple | None:
+        """See :meth:`BaseCheckpointer.get_since`. The same single statement as :meth:`get`."""
+        return await self._get(thread_id, checkpoint_ns, checkpoint_id, known)
+
+    async def _get(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, known: str | None
+    ) -> CheckpointTuple | None:
         rows = await self._db.read(
             "get",
             sql.GET_CHECKPOINT,
@@ -348,9 +359,10 @@ class SqliteCheckpointer(BaseCheckpointer):
                 "thread_id": thread_id,
                 "checkpoint_ns": checkpoint_ns,
                 "checkpoint_id": checkpoint_id,
+                "known": known,
             },
         )
-        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows)
+        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows, known)
 
     async def list(
         self,

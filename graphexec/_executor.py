@@ -118,7 +118,7 @@ class Run(TaskRunner):
         """Load the head (or the named checkpoint): values, frontier and task records."""
         if self.cp is None or self.thread_id is None:
             return None
-        tup = await self.cp.get(self.thread_id, self.ns, checkpoint_id)
+        tup, values = await self.graph.load_values(self.cp, self.thread_id, self.ns, checkpoint_id)
         if tup is None:
             if checkpoint_id is not None:
                 raise CheckpointNotFoundError(
@@ -128,7 +128,7 @@ class Run(TaskRunner):
                     checkpoint_id=checkpoint_id,
                 )
             return None
-        self.values = self.graph.materialize(tup)
+        self.values = values
         self.frontier = self.graph.decode_frontier(tup.checkpoint)
         self.last = tup.checkpoint
         self.step = tup.checkpoint.step
@@ -540,6 +540,7 @@ class Run(TaskRunner):
             self._exit_pending = (checkpoint_id, source, metadata)
             return
         cp = self._build(checkpoint_id, source, deltas, frontier, metadata, self.last)
+        self.graph.values_cache.put(cp.thread_id, self.ns, checkpoint_id, self.values)
         expected = self.head
         self.head = checkpoint_id
         self.last = cp
@@ -577,6 +578,7 @@ class Run(TaskRunner):
                 checkpoint_id, source, deltas, self.frontier, metadata, self._exit_parent
             )
             await self.cp.put(cp, expected_head=self._exit_expected, lease=self.lease)
+            self.graph.values_cache.put(cp.thread_id, self.ns, checkpoint_id, self.values)
             self._exit_touched = {}
             self._exit_parent = None
             self._exit_pending = None

@@ -13,7 +13,15 @@ from typing import Any, Generic, Literal, TypeVar
 import networkx as nx
 
 from graphexec._builder import GraphSpec
-from graphexec._checkpoint import BaseCheckpointer, Checkpoint, CheckpointTuple, Lease, ThreadInfo
+from graphexec._checkpoint import (
+    BaseCheckpointer,
+    Checkpoint,
+    CheckpointTuple,
+    Lease,
+    ThreadInfo,
+    ValuesCache,
+    detach,
+)
 from graphexec._draw import draw_mermaid
 from graphexec._executor import Run, decode_records, resume_error
 from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
@@ -112,6 +120,8 @@ class CompiledGraph(Generic[StateT]):
         self.lease_ttl = lease_ttl
         self.interrupt_before = interrupt_before
         self.interrupt_after = interrupt_after
+        self.values_cache = ValuesCache()
+        """Values of each recently used thread's head (see :class:`ValuesCache`)."""
         self.serde = Serializer()
         self.serde.register(RemoveMessage, name="graphexec.RemoveMessage")
         self.serde.register_schema(spec.schema.schema)
@@ -153,14 +163,35 @@ class CompiledGraph(Generic[StateT]):
         ]
         return Frontier(tasks, {int(i): list(seen) for i, seen in data["b"]})
 
-    def materialize(self, tup: CheckpointTuple) -> dict[str, Any]:
+    def materialize(
+        self, tup: CheckpointTuple, known: tuple[str, Mapping[str, Any]] | None = None
+    ) -> dict[str, Any]:
         """Channel values at ``tup.checkpoint``: its nearest snapshot plus the deltas since.
 
         Updates of concatenating reducers (``operator.add`` on lists, ``add_messages``) are
         gathered across the whole chain and folded with one reducer call, so a read costs
         O(state) rather than O(deltas x state).
+
+        ``known`` is ``(checkpoint_id, values)`` the caller already holds (``tup`` then comes
+        from :meth:`~graphexec.BaseCheckpointer.get_since`): when the chain reaches that
+        checkpoint before a snapshot, only the deltas after it are folded, onto a detached copy
+        of its values.
         """
         chain = [*tup.chain, tup.checkpoint]
+        if known is not None:
+            known_id, known_values = known
+            for i in range(len(chain) - 1, -1, -1):
+                link = chain[i]
+                if link.checkpoint_id == known_id or link.parent_id == known_id:
+                    start = i + 1 if link.checkpoint_id == known_id else i
+                    values = detach(known_values)
+                    folds: dict[str, list[Any]] = {}
+                    for cp in chain[start:]:
+                        self._fold_deltas(values, cp, folds)
+                    self._flush_folds(values, folds)
+                    return values
+                if link.snapshot is not None:
+                    break
         base = chain[0]
         if base.snapshot is None:
             raise CheckpointError(
@@ -746,10 +777,30 @@ class CompiledGraph(Generic[StateT]):
         """The thread's latest state (or the state at ``checkpoint_id``); ``None`` if unknown."""
         thread, cid = self._thread(thread_id, checkpoint_id, config, required=True)
         assert thread is not None
-        tup = await self._store().get(thread, "", cid)
+        tup, values = await self.load_values(self._store(), thread, "", cid)
         if tup is None:
             return None
-        return self._snapshot(tup.checkpoint, self.materialize(tup), tup)
+        return self._snapshot(tup.checkpoint, values, tup)
+
+    async def load_values(
+        self, store: BaseCheckpointer, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> tuple[CheckpointTuple | None, dict[str, Any]]:
+        """A checkpoint (the head by default) and its values, folding from cached values.
+
+        The values are the caller's own (detached from the cache). A head read refreshes the
+        cache.
+        """
+        known = self.values_cache.get(thread_id, checkpoint_ns)
+        if known is None:
+            tup = await store.get(thread_id, checkpoint_ns, checkpoint_id)
+        else:
+            tup = await store.get_since(thread_id, checkpoint_ns, checkpoint_id, known=known[0])
+        if tup is None:
+            return None, {}
+        values = self.materialize(tup, known)
+        if tup.is_head:
+            self.values_cache.put(thread_id, checkpoint_ns, tup.checkpoint.checkpoint_id, values)
+        return tup, values
 
     def get_state(
         self,
