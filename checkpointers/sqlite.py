@@ -254,6 +254,22 @@ class SqliteCheckpointer(BaseCheckpointer):
         One transaction: lease check, head compare-and-set, the checkpoint row and its channel
         rows, the head move and the removal of the parent's pending writes.
         """
+        await self._put(checkpoint, expected_head, lease, release=False)
+
+    async def put_final(
+        self, checkpoint: Checkpoint, *, expected_head: str | None, lease: Lease
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put_final`. One transaction, the lease release included."""
+        await self._put(checkpoint, expected_head, lease, release=True)
+
+    async def _put(
+        self,
+        checkpoint: Checkpoint,
+        expected_head: str | None,
+        lease: Lease | None,
+        *,
+        release: bool,
+    ) -> None:
         cp = checkpoint
         if cp.parent_id is None and cp.snapshot is None:
             raise CheckpointError(
@@ -295,6 +311,8 @@ class SqliteCheckpointer(BaseCheckpointer):
                     fetch(db, sql.TOUCH_THREAD, key)
             elif default_ttl is not None:
                 fetch(db, sql.NEW_THREAD_TTL, {**key, "ttl": default_ttl})
+            if release and lease is not None:
+                fetch(db, sql.RELEASE_LEASE, {"thread_id": lease.thread_id, "epoch": lease.epoch})
 
         await self._db.write("put", body)
 

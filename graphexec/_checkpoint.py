@@ -318,6 +318,17 @@ class BaseCheckpointer(ABC):
         this checkpoint). Re-putting an identical checkpoint id is an error.
         """
 
+    async def put_final(
+        self, checkpoint: Checkpoint, *, expected_head: str | None, lease: Lease
+    ) -> None:
+        """:meth:`put` the last checkpoint of a run, then :meth:`release_lease` its lease.
+
+        If the put fails the lease is kept. Backends override this to do both in one
+        transaction (one round trip); the default makes the two calls.
+        """
+        await self.put(checkpoint, expected_head=expected_head, lease=lease)
+        await self.release_lease(lease)
+
     @abstractmethod
     async def put_writes(
         self,

@@ -111,6 +111,8 @@ class Run(TaskRunner):
         self._exit_expected: str | None = None
         self._exit_pending: tuple[str, str, dict[str, Any]] | None = None
         self._exit_lock: asyncio.Lock | None = None
+        self.lease_released = False
+        """Whether the run's last commit also released its lease (see ``put_final``)."""
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -545,7 +547,15 @@ class Run(TaskRunner):
         self.head = checkpoint_id
         self.last = cp
         store, lease = self.cp, self.lease
-        await self.committer.submit(lambda: store.put(cp, expected_head=expected, lease=lease))
+        if lease is not None and not frontier.tasks and self.parent_task_id is None:
+            # The run's last commit: release the lease in the same transaction.
+            async def final() -> None:
+                await store.put_final(cp, expected_head=expected, lease=lease)
+                self.lease_released = True
+
+            await self.committer.submit(final)
+        else:
+            await self.committer.submit(lambda: store.put(cp, expected_head=expected, lease=lease))
         self.emitter.emit(
             "events",
             {

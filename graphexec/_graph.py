@@ -406,7 +406,7 @@ class CompiledGraph(Generic[StateT]):
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError, LeaseLostError):
                     await beat
-            if holder and self.checkpointer is not None:
+            if holder and self.checkpointer is not None and not run.lease_released:
                 await asyncio.shield(self.checkpointer.release_lease(holder[0]))
         return RunResult(
             values=dict(run.values),

@@ -1239,6 +1239,47 @@ class CheckpointerContract:
         with pytest.raises(LeaseLostError):
             await put_chain(checkpointer, "t", 1, lease=first)
 
+    async def test_put_final_commits_and_releases_the_lease(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """``put_final`` commits, then the lease is free at once and its epoch is dead."""
+        first = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        [head] = await put_chain(checkpointer, "t", 1, lease=first)
+        last = make_checkpoint("t", parent=head)
+        await checkpointer.put_final(last, expected_head=head.checkpoint_id, lease=first)
+        _assert_same((await _get(checkpointer, "t")).checkpoint, last)
+        second = await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        assert second.epoch > first.epoch
+        with pytest.raises(LeaseLostError):
+            await put_chain(checkpointer, "t", 1, after=last, lease=first)
+
+    async def test_failed_put_final_keeps_the_lease(self, checkpointer: BaseCheckpointer) -> None:
+        """A ``put_final`` that conflicts writes nothing and releases nothing."""
+        lease = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        [head] = await put_chain(checkpointer, "t", 1, lease=lease)
+        stray = make_checkpoint("t", parent=head)
+        with pytest.raises(CheckpointConflictError):
+            await checkpointer.put_final(stray, expected_head=None, lease=lease)
+        assert await checkpointer.get("t", "", stray.checkpoint_id) is None
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        await put_chain(checkpointer, "t", 1, after=head, lease=lease)
+
+    async def test_put_final_with_a_lost_lease_leaves_the_new_owner_alone(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A stale ``put_final`` is rejected and does not release the new owner's lease."""
+        stale = await checkpointer.acquire_lease("t", owner="run-1", ttl=0.05)
+        [head] = await put_chain(checkpointer, "t", 1, lease=stale)
+        fresh = await self._take_over(checkpointer, "t", "run-2")
+        with pytest.raises(LeaseLostError):
+            await checkpointer.put_final(
+                make_checkpoint("t", parent=head), expected_head=head.checkpoint_id, lease=stale
+            )
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-3", ttl=60)
+        await put_chain(checkpointer, "t", 1, after=head, lease=fresh)
+
     async def test_releasing_a_lost_lease_is_a_no_op(self, checkpointer: BaseCheckpointer) -> None:
         """Releasing a lease already lost leaves the new owner's lease alone."""
         lost = await checkpointer.acquire_lease("t", owner="run-1", ttl=0.05)

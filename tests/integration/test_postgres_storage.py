@@ -199,6 +199,7 @@ async def test_every_query_path_uses_an_index_on_big_tables(schema: str) -> None
             "seqs": [1, 2],
             "ids": [thread, "t77"],
             "epoch": 1,
+            "release": False,
             "owner": "run",
             "ttl": 30.0,
             "task_id": "task",
