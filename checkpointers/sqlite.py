@@ -90,6 +90,32 @@ def _check_lease(thread_id: str, lease: Lease | None, row: Sequence[Any], now: f
         )
 
 
+def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> Lease:
+    now = time.time()
+    rows = fetch(db, sql.GET_LEASE, {"thread_id": thread_id})
+    row = rows[0] if rows else None
+    current = sql.lease_row(row)
+    if current is not None and current[2] > now and current[0] != owner:
+        raise ThreadBusyError(
+            f"thread {thread_id!r} is owned by run {current[0]!r} until its lease "
+            "expires; retry later or pass on_busy='wait'",
+            thread_id=thread_id,
+            owner=current[0],
+        )
+    lease = Lease(thread_id, owner, (0 if row is None else int(row[1])) + 1, now + ttl)
+    fetch(
+        db,
+        sql.SET_LEASE,
+        {
+            "thread_id": thread_id,
+            "owner": owner,
+            "epoch": lease.epoch,
+            "expires_at": lease.expires_at,
+        },
+    )
+    return lease
+
+
 def _insert_channels(db: sqlite3.Connection, seq: int, rows: Sequence[sql.ChannelRow]) -> None:
     if rows:
         db.executemany(
@@ -549,29 +575,36 @@ class SqliteCheckpointer(BaseCheckpointer):
         """See :meth:`BaseCheckpointer.acquire_lease`. Epochs increase across processes."""
 
         def body(db: sqlite3.Connection) -> Lease:
-            now = time.time()
-            rows = fetch(db, sql.GET_LEASE, {"thread_id": thread_id})
-            row = rows[0] if rows else None
-            current = sql.lease_row(row)
-            if current is not None and current[2] > now and current[0] != owner:
-                raise ThreadBusyError(
-                    f"thread {thread_id!r} is owned by run {current[0]!r} until its lease "
-                    "expires; retry later or pass on_busy='wait'",
-                    thread_id=thread_id,
-                    owner=current[0],
-                )
-            lease = Lease(thread_id, owner, (0 if row is None else int(row[1])) + 1, now + ttl)
-            fetch(
-                db,
-                sql.SET_LEASE,
-                {
-                    "thread_id": thread_id,
-                    "owner": owner,
-                    "epoch": lease.epoch,
-                    "expires_at": lease.expires_at,
-                },
-            )
-            return lease
+            return _acquire(db, thread_id, owner, ttl)
+
+        return await self._db.write("acquire_lease", body)
+
+    async def acquire_lease_and_get(
+        self,
+        thread_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        checkpoint_id: str | None = None,
+        known: str | None = None,
+    ) -> tuple[Lease, CheckpointTuple | None]:
+        """See :meth:`BaseCheckpointer.acquire_lease_and_get`. One transaction.
+
+        The read is decoded inside the transaction too, so a checkpoint that cannot be read
+        leaves the lease untaken.
+        """
+        codec = self._codec
+        params = {
+            "thread_id": thread_id,
+            "checkpoint_ns": "",
+            "checkpoint_id": checkpoint_id,
+            "known": known,
+        }
+
+        def body(db: sqlite3.Connection) -> tuple[Lease, CheckpointTuple | None]:
+            lease = _acquire(db, thread_id, owner, ttl)
+            rows = fetch(db, sql.GET_CHECKPOINT, params)
+            return lease, codec.checkpoint_tuple(thread_id, "", rows, known)
 
         return await self._db.write("acquire_lease", body)
 

@@ -438,6 +438,32 @@ class BaseCheckpointer(ABC):
         """
         raise NotSupportedError(f"{type(self).__name__} does not support leases")
 
+    async def acquire_lease_and_get(
+        self,
+        thread_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        checkpoint_id: str | None = None,
+        known: str | None = None,
+    ) -> tuple[Lease, CheckpointTuple | None]:
+        """:meth:`acquire_lease`, then read the root namespace as a run starts.
+
+        The read is :meth:`get` (:meth:`get_since` with ``known``) of ``checkpoint_id``, or of
+        the head. If this raises, no lease is held. Backends override it to do both in one
+        transaction (one round trip); the default makes the two calls.
+        """
+        lease = await self.acquire_lease(thread_id, owner=owner, ttl=ttl)
+        try:
+            if known is None:
+                tup = await self.get(thread_id, "", checkpoint_id)
+            else:
+                tup = await self.get_since(thread_id, "", checkpoint_id, known=known)
+        except BaseException:
+            await self.release_lease(lease)
+            raise
+        return lease, tup
+
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
         """Extend a held lease; raises :class:`~graphexec.errors.LeaseLostError` if lost."""
         raise NotSupportedError(f"{type(self).__name__} does not support leases")

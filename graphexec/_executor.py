@@ -54,7 +54,7 @@ from graphexec.errors import (
 
 if TYPE_CHECKING:
     from graphexec._builder import NodeSpec
-    from graphexec._graph import CompiledGraph
+    from graphexec._graph import CompiledGraph, Prefetched
 
 __all__ = ["Run", "resume_error"]
 
@@ -116,11 +116,18 @@ class Run(TaskRunner):
 
     # -- loading ----------------------------------------------------------------------------
 
-    async def load(self, checkpoint_id: str | None) -> CheckpointTuple | None:
-        """Load the head (or the named checkpoint): values, frontier and task records."""
+    async def load(
+        self, checkpoint_id: str | None, prefetched: Prefetched | None = None
+    ) -> CheckpointTuple | None:
+        """Load the head (or the named checkpoint): values, frontier and task records.
+
+        ``prefetched``: the checkpoint as read together with the run's lease.
+        """
         if self.cp is None or self.thread_id is None:
             return None
-        tup, values = await self.graph.load_values(self.cp, self.thread_id, self.ns, checkpoint_id)
+        tup, values = await self.graph.load_values(
+            self.cp, self.thread_id, self.ns, checkpoint_id, prefetched
+        )
         if tup is None:
             if checkpoint_id is not None:
                 raise CheckpointNotFoundError(

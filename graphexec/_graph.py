@@ -65,6 +65,8 @@ _MODES = ("values", "updates", "events", "custom")
 _RUN_FAILURES = (NodeExecutionError, NodeTimeoutError, InvalidUpdateError, RecursionLimitError)
 _DONE = object()
 StateT = TypeVar("StateT")
+Prefetched = tuple[CheckpointTuple | None, tuple[str, dict[str, Any]] | None]
+"""A run's starting checkpoint read with its lease, and the cached values the read assumed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,17 +296,26 @@ class CompiledGraph(Generic[StateT]):
 
     # -- leases -----------------------------------------------------------------------------
 
-    async def _acquire(self, thread_id: str | None, owner: str, on_busy: str) -> Lease | None:
+    async def _acquire(
+        self, thread_id: str | None, owner: str, on_busy: str, checkpoint_id: str | None
+    ) -> tuple[Lease | None, Prefetched | None]:
+        """The run's lease and, read with it in one go, the checkpoint the run starts from."""
         if thread_id is None or self.checkpointer is None:
-            return None
+            return None, None
         delay = 0.01
         while True:
+            known = self.values_cache.get(thread_id, "")
             try:
-                return await self.checkpointer.acquire_lease(
-                    thread_id, owner=owner, ttl=self.lease_ttl
+                lease, tup = await self.checkpointer.acquire_lease_and_get(
+                    thread_id,
+                    owner=owner,
+                    ttl=self.lease_ttl,
+                    checkpoint_id=checkpoint_id,
+                    known=None if known is None else known[0],
                 )
+                return lease, (tup, known)
             except NotSupportedError:
-                return None
+                return None, None
             except ThreadBusyError:
                 if on_busy != "wait":
                     raise
@@ -339,7 +350,7 @@ class CompiledGraph(Generic[StateT]):
         if limit < 1:
             raise GraphExecError(f"recursion_limit must be >= 1, got {limit}")
         run_id = uuid.uuid4().hex
-        lease = await self._acquire(thread_id, run_id, on_busy)
+        lease, prefetched = await self._acquire(thread_id, run_id, on_busy, checkpoint_id)
         holder: list[Lease] = [lease] if lease is not None else []
         beat = asyncio.create_task(self._heartbeat(lease, holder)) if lease is not None else None
         run = Run(
@@ -353,7 +364,7 @@ class CompiledGraph(Generic[StateT]):
             metadata=metadata,
         )
         try:
-            tup = await run.load(checkpoint_id)
+            tup = await run.load(checkpoint_id, prefetched)
             pending = run.pending_interruptions()
             if isinstance(input, RunState):
                 input = self._check_run_state(input, thread_id, tup)
@@ -783,18 +794,27 @@ class CompiledGraph(Generic[StateT]):
         return self._snapshot(tup.checkpoint, values, tup)
 
     async def load_values(
-        self, store: BaseCheckpointer, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+        self,
+        store: BaseCheckpointer,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str | None,
+        prefetched: Prefetched | None = None,
     ) -> tuple[CheckpointTuple | None, dict[str, Any]]:
         """A checkpoint (the head by default) and its values, folding from cached values.
 
-        The values are the caller's own (detached from the cache). A head read refreshes the
-        cache.
+        ``prefetched`` is that checkpoint already read, with the cached values its read was
+        given as ``known``. The values are the caller's own (detached from the cache). A head
+        read refreshes the cache.
         """
-        known = self.values_cache.get(thread_id, checkpoint_ns)
-        if known is None:
-            tup = await store.get(thread_id, checkpoint_ns, checkpoint_id)
+        if prefetched is not None:
+            tup, known = prefetched
         else:
-            tup = await store.get_since(thread_id, checkpoint_ns, checkpoint_id, known=known[0])
+            known = self.values_cache.get(thread_id, checkpoint_ns)
+            if known is None:
+                tup = await store.get(thread_id, checkpoint_ns, checkpoint_id)
+            else:
+                tup = await store.get_since(thread_id, checkpoint_ns, checkpoint_id, known=known[0])
         if tup is None:
             return None, {}
         values = self.materialize(tup, known)

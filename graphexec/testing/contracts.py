@@ -1280,6 +1280,43 @@ class CheckpointerContract:
             await checkpointer.acquire_lease("t", owner="run-3", ttl=60)
         await put_chain(checkpointer, "t", 1, after=head, lease=fresh)
 
+    async def test_acquire_lease_and_get_reads_what_get_reads(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """The lease comes with the head (or the named checkpoint), as get/get_since read it."""
+        lease, tup = await checkpointer.acquire_lease_and_get("t", owner="run-1", ttl=60)
+        assert tup is None and lease.owner == "run-1"
+        cps = await put_chain(checkpointer, "t", 5, lease=lease)
+        await checkpointer.put_writes(
+            "t", "", cps[-1].checkpoint_id, "task", [("x", b"1")], lease=lease
+        )
+        await checkpointer.release_lease(lease)
+        again, tup = await checkpointer.acquire_lease_and_get("t", owner="run-2", ttl=60)
+        assert again.epoch > lease.epoch
+        want = await _get(checkpointer, "t")
+        assert tup is not None and tup.is_head
+        _assert_same(tup.checkpoint, want.checkpoint)
+        assert _ids(tup.chain) == _ids(want.chain) and tup.pending_writes == want.pending_writes
+        await checkpointer.release_lease(again)
+        third, tup = await checkpointer.acquire_lease_and_get(
+            "t", owner="run-3", ttl=60, checkpoint_id=cps[3].checkpoint_id
+        )
+        assert tup is not None and not tup.is_head and _ids(tup.chain) == _ids(cps[:3])
+        await checkpointer.release_lease(third)
+        _, tup = await checkpointer.acquire_lease_and_get(
+            "t", owner="run-4", ttl=60, known=cps[2].checkpoint_id
+        )
+        assert tup is not None and _ids(tup.chain) in (_ids(cps[3:4]), _ids(cps[:4]))
+
+    async def test_acquire_lease_and_get_on_a_busy_thread_raises(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A live lease of another owner: ThreadBusyError, and that lease is untouched."""
+        held = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease_and_get("t", owner="run-2", ttl=60)
+        await put_chain(checkpointer, "t", 1, lease=held)
+
     async def test_releasing_a_lost_lease_is_a_no_op(self, checkpointer: BaseCheckpointer) -> None:
         """Releasing a lease already lost leaves the new owner's lease alone."""
         lost = await checkpointer.acquire_lease("t", owner="run-1", ttl=0.05)
