@@ -252,22 +252,26 @@ def _checkpoint_rows(cte: str, source: str, *, with_writes: bool) -> str:
 
 
 GET_CHECKPOINT = _checkpoint_rows(
-    f"""WITH RECURSIVE chain(seq, parent_id, has_snapshot, pos) AS (
-        SELECT c.cp_seq, c.parent_id, c.has_snapshot, 0
+    f"""WITH RECURSIVE chain(seq, checkpoint_id, parent_id, has_snapshot, pos) AS (
+        SELECT c.cp_seq, c.checkpoint_id, c.parent_id, c.has_snapshot, 0
         FROM graphexec_checkpoints AS c
         WHERE c.thread_id = :thread_id AND c.checkpoint_ns = :checkpoint_ns
           AND c.checkpoint_id = coalesce(:checkpoint_id, {_HEAD_OF_NS})
         UNION ALL
-        SELECT p.cp_seq, p.parent_id, p.has_snapshot, chain.pos + 1
+        SELECT p.cp_seq, p.checkpoint_id, p.parent_id, p.has_snapshot, chain.pos + 1
         FROM chain JOIN graphexec_checkpoints AS p
           ON p.thread_id = :thread_id AND p.checkpoint_ns = :checkpoint_ns
          AND p.checkpoint_id = chain.parent_id
         WHERE chain.has_snapshot = 0
+          AND (:known IS NULL OR (chain.checkpoint_id <> :known AND chain.parent_id <> :known))
     )""",
     "chain",
     with_writes=True,
 )
-"""A checkpoint (``pos`` 0), its ancestors back to the nearest snapshot, and its writes."""
+"""A checkpoint (``pos`` 0), its ancestors back to the nearest snapshot, and its writes.
+
+With ``:known`` (see :meth:`~graphexec.BaseCheckpointer.get_since`) the walk also stops at
+``:known`` or its child, whichever it reaches first."""
 
 LIST_CHECKPOINTS = _checkpoint_rows(
     f"""WITH RECURSIVE walk(seq, parent_id, pos) AS (
@@ -666,9 +670,15 @@ class RowCodec:
         return out, writes
 
     def checkpoint_tuple(
-        self, thread_id: str, checkpoint_ns: str, rows: Sequence[Sequence[Any]]
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        rows: Sequence[Sequence[Any]],
+        known: str | None = None,
     ) -> CheckpointTuple | None:
         """The :class:`CheckpointTuple` of the rows of :data:`GET_CHECKPOINT` (``None``: none).
+
+        ``known`` is the query's ``:known``: a chain may then stop at it or its child.
 
         Raises:
             CheckpointError: The delta chain does not reach a snapshot (a checkpoint it needs is
@@ -681,7 +691,8 @@ class RowCodec:
         target = found[0][1]
         chain = [cp for _, cp in reversed(found[1:])]
         oldest = chain[0] if chain else target
-        if oldest.snapshot is None:
+        stopped = known is not None and known in (oldest.checkpoint_id, oldest.parent_id)
+        if oldest.snapshot is None and not stopped:
             if oldest.parent_id is None:
                 raise CheckpointError(
                     f"thread {thread_id!r}: checkpoint {target.checkpoint_id!r} has no snapshot "

@@ -59,6 +59,7 @@ _TEXT_PARAMS = (
     "parent_id",
     "expected_head",
     "before",
+    "known",
     "owner",
     "task_id",
     "role",
@@ -152,9 +153,16 @@ _PUT = f"""WITH l AS (
         SELECT :thread_id, :default_ttl::float8, n.now, n.now + :default_ttl::float8 FROM n
         WHERE :default_ttl::float8 IS NOT NULL AND NOT n.has_thread AND EXISTS (SELECT 1 FROM c)
         ON CONFLICT (thread_id) DO NOTHING
+    ), rl AS (
+        UPDATE graphexec_leases SET owner = NULL, expires_at = 0
+        WHERE :release::boolean AND thread_id = :thread_id AND epoch = :epoch::bigint
+          AND EXISTS (SELECT 1 FROM c)
     )
     SELECT v.verdict, v.owner, v.head, v.dup, (SELECT count(*) FROM c) FROM v"""
 """Checks and commits one checkpoint; returns ``(verdict, lease owner, head, dup, written)``.
+
+With ``:release`` it also releases the lease ``:epoch`` once the commit is written
+(``put_final``).
 
 ``verdict`` is NULL when every check passed; ``written`` is then 1, or 0 when another writer
 created the same new thread or namespace first (the head insert found its row).
@@ -457,6 +465,22 @@ class PostgresCheckpointer(BaseCheckpointer):
         One statement: lease check, head compare-and-set, the checkpoint row and its channel
         rows, the head move, the removal of the parent's pending writes and the thread's TTL.
         """
+        await self._put(checkpoint, expected_head, lease, release=False)
+
+    async def put_final(
+        self, checkpoint: Checkpoint, *, expected_head: str | None, lease: Lease
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put_final`. The same single statement as :meth:`put`."""
+        await self._put(checkpoint, expected_head, lease, release=True)
+
+    async def _put(
+        self,
+        checkpoint: Checkpoint,
+        expected_head: str | None,
+        lease: Lease | None,
+        *,
+        release: bool,
+    ) -> None:
         cp = checkpoint
         if cp.parent_id is None and cp.snapshot is None:
             raise CheckpointError(
@@ -468,6 +492,7 @@ class PostgresCheckpointer(BaseCheckpointer):
         params.update(
             expected_head=expected_head,
             epoch=None if lease is None else lease.epoch,
+            release=release and lease is not None,
             default_ttl=self._default_ttl,
             checkpoints_table=self._checkpoints_table,
             roles=[r[0] for r in rows],
@@ -549,6 +574,17 @@ class PostgresCheckpointer(BaseCheckpointer):
         self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None
     ) -> CheckpointTuple | None:
         """See :meth:`BaseCheckpointer.get`. One statement, whatever the chain length."""
+        return await self._get(thread_id, checkpoint_ns, checkpoint_id, None)
+
+    async def get_since(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, *, known: str
+    ) -> CheckpointTuple | None:
+        """See :meth:`BaseCheckpointer.get_since`. The same single statement as :meth:`get`."""
+        return await self._get(thread_id, checkpoint_ns, checkpoint_id, known)
+
+    async def _get(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, known: str | None
+    ) -> CheckpointTuple | None:
         rows = await self._db.fetch(
             "get",
             sql.GET_CHECKPOINT,
@@ -556,9 +592,10 @@ class PostgresCheckpointer(BaseCheckpointer):
                 "thread_id": thread_id,
                 "checkpoint_ns": checkpoint_ns,
                 "checkpoint_id": checkpoint_id,
+                "known": known,
             },
         )
-        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows)
+        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows, known)
 
     async def list(
         self,

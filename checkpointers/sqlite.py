@@ -90,6 +90,32 @@ def _check_lease(thread_id: str, lease: Lease | None, row: Sequence[Any], now: f
         )
 
 
+def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> Lease:
+    now = time.time()
+    rows = fetch(db, sql.GET_LEASE, {"thread_id": thread_id})
+    row = rows[0] if rows else None
+    current = sql.lease_row(row)
+    if current is not None and current[2] > now and current[0] != owner:
+        raise ThreadBusyError(
+            f"thread {thread_id!r} is owned by run {current[0]!r} until its lease "
+            "expires; retry later or pass on_busy='wait'",
+            thread_id=thread_id,
+            owner=current[0],
+        )
+    lease = Lease(thread_id, owner, (0 if row is None else int(row[1])) + 1, now + ttl)
+    fetch(
+        db,
+        sql.SET_LEASE,
+        {
+            "thread_id": thread_id,
+            "owner": owner,
+            "epoch": lease.epoch,
+            "expires_at": lease.expires_at,
+        },
+    )
+    return lease
+
+
 def _insert_channels(db: sqlite3.Connection, seq: int, rows: Sequence[sql.ChannelRow]) -> None:
     if rows:
         db.executemany(
@@ -254,6 +280,22 @@ class SqliteCheckpointer(BaseCheckpointer):
         One transaction: lease check, head compare-and-set, the checkpoint row and its channel
         rows, the head move and the removal of the parent's pending writes.
         """
+        await self._put(checkpoint, expected_head, lease, release=False)
+
+    async def put_final(
+        self, checkpoint: Checkpoint, *, expected_head: str | None, lease: Lease
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put_final`. One transaction, the lease release included."""
+        await self._put(checkpoint, expected_head, lease, release=True)
+
+    async def _put(
+        self,
+        checkpoint: Checkpoint,
+        expected_head: str | None,
+        lease: Lease | None,
+        *,
+        release: bool,
+    ) -> None:
         cp = checkpoint
         if cp.parent_id is None and cp.snapshot is None:
             raise CheckpointError(
@@ -295,6 +337,8 @@ class SqliteCheckpointer(BaseCheckpointer):
                     fetch(db, sql.TOUCH_THREAD, key)
             elif default_ttl is not None:
                 fetch(db, sql.NEW_THREAD_TTL, {**key, "ttl": default_ttl})
+            if release and lease is not None:
+                fetch(db, sql.RELEASE_LEASE, {"thread_id": lease.thread_id, "epoch": lease.epoch})
 
         await self._db.write("put", body)
 
@@ -341,6 +385,17 @@ class SqliteCheckpointer(BaseCheckpointer):
         self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None
     ) -> CheckpointTuple | None:
         """See :meth:`BaseCheckpointer.get`. One statement, whatever the chain length."""
+        return await self._get(thread_id, checkpoint_ns, checkpoint_id, None)
+
+    async def get_since(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, *, known: str
+    ) -> CheckpointTuple | None:
+        """See :meth:`BaseCheckpointer.get_since`. The same single statement as :meth:`get`."""
+        return await self._get(thread_id, checkpoint_ns, checkpoint_id, known)
+
+    async def _get(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, known: str | None
+    ) -> CheckpointTuple | None:
         rows = await self._db.read(
             "get",
             sql.GET_CHECKPOINT,
@@ -348,9 +403,10 @@ class SqliteCheckpointer(BaseCheckpointer):
                 "thread_id": thread_id,
                 "checkpoint_ns": checkpoint_ns,
                 "checkpoint_id": checkpoint_id,
+                "known": known,
             },
         )
-        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows)
+        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows, known)
 
     async def list(
         self,
@@ -519,29 +575,36 @@ class SqliteCheckpointer(BaseCheckpointer):
         """See :meth:`BaseCheckpointer.acquire_lease`. Epochs increase across processes."""
 
         def body(db: sqlite3.Connection) -> Lease:
-            now = time.time()
-            rows = fetch(db, sql.GET_LEASE, {"thread_id": thread_id})
-            row = rows[0] if rows else None
-            current = sql.lease_row(row)
-            if current is not None and current[2] > now and current[0] != owner:
-                raise ThreadBusyError(
-                    f"thread {thread_id!r} is owned by run {current[0]!r} until its lease "
-                    "expires; retry later or pass on_busy='wait'",
-                    thread_id=thread_id,
-                    owner=current[0],
-                )
-            lease = Lease(thread_id, owner, (0 if row is None else int(row[1])) + 1, now + ttl)
-            fetch(
-                db,
-                sql.SET_LEASE,
-                {
-                    "thread_id": thread_id,
-                    "owner": owner,
-                    "epoch": lease.epoch,
-                    "expires_at": lease.expires_at,
-                },
-            )
-            return lease
+            return _acquire(db, thread_id, owner, ttl)
+
+        return await self._db.write("acquire_lease", body)
+
+    async def acquire_lease_and_get(
+        self,
+        thread_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        checkpoint_id: str | None = None,
+        known: str | None = None,
+    ) -> tuple[Lease, CheckpointTuple | None]:
+        """See :meth:`BaseCheckpointer.acquire_lease_and_get`. One transaction.
+
+        The read is decoded inside the transaction too, so a checkpoint that cannot be read
+        leaves the lease untaken.
+        """
+        codec = self._codec
+        params = {
+            "thread_id": thread_id,
+            "checkpoint_ns": "",
+            "checkpoint_id": checkpoint_id,
+            "known": known,
+        }
+
+        def body(db: sqlite3.Connection) -> tuple[Lease, CheckpointTuple | None]:
+            lease = _acquire(db, thread_id, owner, ttl)
+            rows = fetch(db, sql.GET_CHECKPOINT, params)
+            return lease, codec.checkpoint_tuple(thread_id, "", rows, known)
 
         return await self._db.write("acquire_lease", body)
 

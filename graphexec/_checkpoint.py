@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,6 +36,7 @@ __all__ = [
     "PendingWrite",
     "SnapshotPolicy",
     "ThreadInfo",
+    "ValuesCache",
     "new_checkpoint_id",
 ]
 
@@ -200,6 +202,61 @@ class SnapshotPolicy:
         return delta_bytes >= self.min_bytes and delta_bytes >= self.ratio * snapshot_bytes
 
 
+def detach(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of channel values whose containers (list, dict, set) are copies too.
+
+    Reducers and nodes replace values, or (carelessly) append to a list in place; either way a
+    detached copy is unaffected. It is O(channels + container lengths), pointer copies only;
+    the elements themselves are shared, so state elements must not be mutated in place (which
+    durable storage already requires: a mutation is invisible to deltas written before it).
+    """
+    return {ch: (type(v)(v) if type(v) in (list, dict, set) else v) for ch, v in values.items()}
+
+
+class ValuesCache:
+    """Channel values of the latest checkpoint read or written, per thread and namespace.
+
+    Keyed by checkpoint id: a stored checkpoint never changes, so values held for an id are never
+    stale, whoever writes the thread afterwards (another run, another process, ``update_state``,
+    a fork, a prune or an expiry). A reader passes the id to
+    :meth:`BaseCheckpointer.get_since` and folds only the deltas committed after it, so reading
+    the latest state costs one short row fetch instead of a fold of the whole delta chain. Holds
+    at most ``size`` threads (least recently used go first); values go in and out detached (see
+    :func:`detach`), so callers never alias what the cache holds. Thread-safe.
+    """
+
+    def __init__(self, size: int = 32) -> None:
+        self._size = size
+        self._items: OrderedDict[tuple[str, str], tuple[str, dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, thread_id: str, checkpoint_ns: str) -> tuple[str, dict[str, Any]] | None:
+        """``(checkpoint_id, values)`` last stored for the thread/namespace (not detached)."""
+        key = (thread_id, checkpoint_ns)
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, values: Mapping[str, Any]
+    ) -> None:
+        """Remember ``values`` (detached) as the values of ``checkpoint_id``."""
+        key = (thread_id, checkpoint_ns)
+        item = (checkpoint_id, detach(values))
+        with self._lock:
+            self._items[key] = item
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget everything."""
+        with self._lock:
+            self._items.clear()
+
+
 _id_lock = threading.Lock()
 _last_ms = 0
 _seq = 0
@@ -261,6 +318,17 @@ class BaseCheckpointer(ABC):
         this checkpoint). Re-putting an identical checkpoint id is an error.
         """
 
+    async def put_final(
+        self, checkpoint: Checkpoint, *, expected_head: str | None, lease: Lease
+    ) -> None:
+        """:meth:`put` the last checkpoint of a run, then :meth:`release_lease` its lease.
+
+        If the put fails the lease is kept. Backends override this to do both in one
+        transaction (one round trip); the default makes the two calls.
+        """
+        await self.put(checkpoint, expected_head=expected_head, lease=lease)
+        await self.release_lease(lease)
+
     @abstractmethod
     async def put_writes(
         self,
@@ -286,6 +354,21 @@ class BaseCheckpointer(ABC):
 
         Returns ``None`` when the thread/namespace or checkpoint does not exist.
         """
+
+    async def get_since(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, *, known: str
+    ) -> CheckpointTuple | None:
+        """Like :meth:`get`, for a reader that already holds the values of checkpoint ``known``.
+
+        The chain may then stop early: walking back from the requested checkpoint, it ends at
+        the nearest snapshot as usual, or just after ``known`` if that comes first -- its first
+        element (or the checkpoint itself) is then ``known``'s child, without a snapshot -- or
+        it is empty when the requested checkpoint is ``known``. Callers fold the chain onto
+        their values of ``known`` in those cases (checkpoints never change once stored, so
+        values held for an id can never be stale). The default is :meth:`get`, which is
+        always a correct answer.
+        """
+        return await self.get(thread_id, checkpoint_ns, checkpoint_id)
 
     @abstractmethod
     async def list(
@@ -354,6 +437,32 @@ class BaseCheckpointer(ABC):
         An expired lease is taken over with a higher epoch.
         """
         raise NotSupportedError(f"{type(self).__name__} does not support leases")
+
+    async def acquire_lease_and_get(
+        self,
+        thread_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        checkpoint_id: str | None = None,
+        known: str | None = None,
+    ) -> tuple[Lease, CheckpointTuple | None]:
+        """:meth:`acquire_lease`, then read the root namespace as a run starts.
+
+        The read is :meth:`get` (:meth:`get_since` with ``known``) of ``checkpoint_id``, or of
+        the head. If this raises, no lease is held. Backends override it to do both in one
+        transaction (one round trip); the default makes the two calls.
+        """
+        lease = await self.acquire_lease(thread_id, owner=owner, ttl=ttl)
+        try:
+            if known is None:
+                tup = await self.get(thread_id, "", checkpoint_id)
+            else:
+                tup = await self.get_since(thread_id, "", checkpoint_id, known=known)
+        except BaseException:
+            await self.release_lease(lease)
+            raise
+        return lease, tup
 
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
         """Extend a held lease; raises :class:`~graphexec.errors.LeaseLostError` if lost."""

@@ -54,7 +54,7 @@ from graphexec.errors import (
 
 if TYPE_CHECKING:
     from graphexec._builder import NodeSpec
-    from graphexec._graph import CompiledGraph
+    from graphexec._graph import CompiledGraph, Prefetched
 
 __all__ = ["Run", "resume_error"]
 
@@ -111,14 +111,23 @@ class Run(TaskRunner):
         self._exit_expected: str | None = None
         self._exit_pending: tuple[str, str, dict[str, Any]] | None = None
         self._exit_lock: asyncio.Lock | None = None
+        self.lease_released = False
+        """Whether the run's last commit also released its lease (see ``put_final``)."""
 
     # -- loading ----------------------------------------------------------------------------
 
-    async def load(self, checkpoint_id: str | None) -> CheckpointTuple | None:
-        """Load the head (or the named checkpoint): values, frontier and task records."""
+    async def load(
+        self, checkpoint_id: str | None, prefetched: Prefetched | None = None
+    ) -> CheckpointTuple | None:
+        """Load the head (or the named checkpoint): values, frontier and task records.
+
+        ``prefetched``: the checkpoint as read together with the run's lease.
+        """
         if self.cp is None or self.thread_id is None:
             return None
-        tup = await self.cp.get(self.thread_id, self.ns, checkpoint_id)
+        tup, values = await self.graph.load_values(
+            self.cp, self.thread_id, self.ns, checkpoint_id, prefetched
+        )
         if tup is None:
             if checkpoint_id is not None:
                 raise CheckpointNotFoundError(
@@ -128,7 +137,7 @@ class Run(TaskRunner):
                     checkpoint_id=checkpoint_id,
                 )
             return None
-        self.values = self.graph.materialize(tup)
+        self.values = values
         self.frontier = self.graph.decode_frontier(tup.checkpoint)
         self.last = tup.checkpoint
         self.step = tup.checkpoint.step
@@ -540,11 +549,20 @@ class Run(TaskRunner):
             self._exit_pending = (checkpoint_id, source, metadata)
             return
         cp = self._build(checkpoint_id, source, deltas, frontier, metadata, self.last)
+        self.graph.values_cache.put(cp.thread_id, self.ns, checkpoint_id, self.values)
         expected = self.head
         self.head = checkpoint_id
         self.last = cp
         store, lease = self.cp, self.lease
-        await self.committer.submit(lambda: store.put(cp, expected_head=expected, lease=lease))
+        if lease is not None and not frontier.tasks and self.parent_task_id is None:
+            # The run's last commit: release the lease in the same transaction.
+            async def final() -> None:
+                await store.put_final(cp, expected_head=expected, lease=lease)
+                self.lease_released = True
+
+            await self.committer.submit(final)
+        else:
+            await self.committer.submit(lambda: store.put(cp, expected_head=expected, lease=lease))
         self.emitter.emit(
             "events",
             {
@@ -577,6 +595,7 @@ class Run(TaskRunner):
                 checkpoint_id, source, deltas, self.frontier, metadata, self._exit_parent
             )
             await self.cp.put(cp, expected_head=self._exit_expected, lease=self.lease)
+            self.graph.values_cache.put(cp.thread_id, self.ns, checkpoint_id, self.values)
             self._exit_touched = {}
             self._exit_parent = None
             self._exit_pending = None

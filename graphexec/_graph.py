@@ -13,7 +13,15 @@ from typing import Any, Generic, Literal, TypeVar
 import networkx as nx
 
 from graphexec._builder import GraphSpec
-from graphexec._checkpoint import BaseCheckpointer, Checkpoint, CheckpointTuple, Lease, ThreadInfo
+from graphexec._checkpoint import (
+    BaseCheckpointer,
+    Checkpoint,
+    CheckpointTuple,
+    Lease,
+    ThreadInfo,
+    ValuesCache,
+    detach,
+)
 from graphexec._draw import draw_mermaid
 from graphexec._executor import Run, decode_records, resume_error
 from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
@@ -57,6 +65,8 @@ _MODES = ("values", "updates", "events", "custom")
 _RUN_FAILURES = (NodeExecutionError, NodeTimeoutError, InvalidUpdateError, RecursionLimitError)
 _DONE = object()
 StateT = TypeVar("StateT")
+Prefetched = tuple[CheckpointTuple | None, tuple[str, dict[str, Any]] | None]
+"""A run's starting checkpoint read with its lease, and the cached values the read assumed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +122,8 @@ class CompiledGraph(Generic[StateT]):
         self.lease_ttl = lease_ttl
         self.interrupt_before = interrupt_before
         self.interrupt_after = interrupt_after
+        self.values_cache = ValuesCache()
+        """Values of each recently used thread's head (see :class:`ValuesCache`)."""
         self.serde = Serializer()
         self.serde.register(RemoveMessage, name="graphexec.RemoveMessage")
         self.serde.register_schema(spec.schema.schema)
@@ -153,14 +165,35 @@ class CompiledGraph(Generic[StateT]):
         ]
         return Frontier(tasks, {int(i): list(seen) for i, seen in data["b"]})
 
-    def materialize(self, tup: CheckpointTuple) -> dict[str, Any]:
+    def materialize(
+        self, tup: CheckpointTuple, known: tuple[str, Mapping[str, Any]] | None = None
+    ) -> dict[str, Any]:
         """Channel values at ``tup.checkpoint``: its nearest snapshot plus the deltas since.
 
         Updates of concatenating reducers (``operator.add`` on lists, ``add_messages``) are
         gathered across the whole chain and folded with one reducer call, so a read costs
         O(state) rather than O(deltas x state).
+
+        ``known`` is ``(checkpoint_id, values)`` the caller already holds (``tup`` then comes
+        from :meth:`~graphexec.BaseCheckpointer.get_since`): when the chain reaches that
+        checkpoint before a snapshot, only the deltas after it are folded, onto a detached copy
+        of its values.
         """
         chain = [*tup.chain, tup.checkpoint]
+        if known is not None:
+            known_id, known_values = known
+            for i in range(len(chain) - 1, -1, -1):
+                link = chain[i]
+                if link.checkpoint_id == known_id or link.parent_id == known_id:
+                    start = i + 1 if link.checkpoint_id == known_id else i
+                    values = detach(known_values)
+                    folds: dict[str, list[Any]] = {}
+                    for cp in chain[start:]:
+                        self._fold_deltas(values, cp, folds)
+                    self._flush_folds(values, folds)
+                    return values
+                if link.snapshot is not None:
+                    break
         base = chain[0]
         if base.snapshot is None:
             raise CheckpointError(
@@ -263,17 +296,26 @@ class CompiledGraph(Generic[StateT]):
 
     # -- leases -----------------------------------------------------------------------------
 
-    async def _acquire(self, thread_id: str | None, owner: str, on_busy: str) -> Lease | None:
+    async def _acquire(
+        self, thread_id: str | None, owner: str, on_busy: str, checkpoint_id: str | None
+    ) -> tuple[Lease | None, Prefetched | None]:
+        """The run's lease and, read with it in one go, the checkpoint the run starts from."""
         if thread_id is None or self.checkpointer is None:
-            return None
+            return None, None
         delay = 0.01
         while True:
+            known = self.values_cache.get(thread_id, "")
             try:
-                return await self.checkpointer.acquire_lease(
-                    thread_id, owner=owner, ttl=self.lease_ttl
+                lease, tup = await self.checkpointer.acquire_lease_and_get(
+                    thread_id,
+                    owner=owner,
+                    ttl=self.lease_ttl,
+                    checkpoint_id=checkpoint_id,
+                    known=None if known is None else known[0],
                 )
+                return lease, (tup, known)
             except NotSupportedError:
-                return None
+                return None, None
             except ThreadBusyError:
                 if on_busy != "wait":
                     raise
@@ -308,7 +350,7 @@ class CompiledGraph(Generic[StateT]):
         if limit < 1:
             raise GraphExecError(f"recursion_limit must be >= 1, got {limit}")
         run_id = uuid.uuid4().hex
-        lease = await self._acquire(thread_id, run_id, on_busy)
+        lease, prefetched = await self._acquire(thread_id, run_id, on_busy, checkpoint_id)
         holder: list[Lease] = [lease] if lease is not None else []
         beat = asyncio.create_task(self._heartbeat(lease, holder)) if lease is not None else None
         run = Run(
@@ -322,7 +364,7 @@ class CompiledGraph(Generic[StateT]):
             metadata=metadata,
         )
         try:
-            tup = await run.load(checkpoint_id)
+            tup = await run.load(checkpoint_id, prefetched)
             pending = run.pending_interruptions()
             if isinstance(input, RunState):
                 input = self._check_run_state(input, thread_id, tup)
@@ -375,7 +417,7 @@ class CompiledGraph(Generic[StateT]):
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError, LeaseLostError):
                     await beat
-            if holder and self.checkpointer is not None:
+            if holder and self.checkpointer is not None and not run.lease_released:
                 await asyncio.shield(self.checkpointer.release_lease(holder[0]))
         return RunResult(
             values=dict(run.values),
@@ -746,10 +788,39 @@ class CompiledGraph(Generic[StateT]):
         """The thread's latest state (or the state at ``checkpoint_id``); ``None`` if unknown."""
         thread, cid = self._thread(thread_id, checkpoint_id, config, required=True)
         assert thread is not None
-        tup = await self._store().get(thread, "", cid)
+        tup, values = await self.load_values(self._store(), thread, "", cid)
         if tup is None:
             return None
-        return self._snapshot(tup.checkpoint, self.materialize(tup), tup)
+        return self._snapshot(tup.checkpoint, values, tup)
+
+    async def load_values(
+        self,
+        store: BaseCheckpointer,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str | None,
+        prefetched: Prefetched | None = None,
+    ) -> tuple[CheckpointTuple | None, dict[str, Any]]:
+        """A checkpoint (the head by default) and its values, folding from cached values.
+
+        ``prefetched`` is that checkpoint already read, with the cached values its read was
+        given as ``known``. The values are the caller's own (detached from the cache). A head
+        read refreshes the cache.
+        """
+        if prefetched is not None:
+            tup, known = prefetched
+        else:
+            known = self.values_cache.get(thread_id, checkpoint_ns)
+            if known is None:
+                tup = await store.get(thread_id, checkpoint_ns, checkpoint_id)
+            else:
+                tup = await store.get_since(thread_id, checkpoint_ns, checkpoint_id, known=known[0])
+        if tup is None:
+            return None, {}
+        values = self.materialize(tup, known)
+        if tup.is_head:
+            self.values_cache.put(thread_id, checkpoint_ns, tup.checkpoint.checkpoint_id, values)
+        return tup, values
 
     def get_state(
         self,

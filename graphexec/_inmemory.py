@@ -47,6 +47,11 @@ def _copy(cp: Checkpoint) -> Checkpoint:
     )
 
 
+def _after(cp: Checkpoint, known: str | None) -> bool:
+    """Whether a chain walk for a reader holding ``known``'s values can stop at ``cp``."""
+    return known is not None and known in (cp.checkpoint_id, cp.parent_id)
+
+
 class InMemoryCheckpointer(BaseCheckpointer):
     """Keeps checkpoints in process memory; lost when the process exits.
 
@@ -165,6 +170,17 @@ class InMemoryCheckpointer(BaseCheckpointer):
         self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None
     ) -> CheckpointTuple | None:
         """See :meth:`BaseCheckpointer.get`."""
+        return self._get(thread_id, checkpoint_ns, checkpoint_id, None)
+
+    async def get_since(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, *, known: str
+    ) -> CheckpointTuple | None:
+        """See :meth:`BaseCheckpointer.get_since`."""
+        return self._get(thread_id, checkpoint_ns, checkpoint_id, known)
+
+    def _get(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, known: str | None
+    ) -> CheckpointTuple | None:
         key = (thread_id, checkpoint_ns)
         with self._lock:
             by_id = self._checkpoints.get(key)
@@ -177,7 +193,7 @@ class InMemoryCheckpointer(BaseCheckpointer):
                 return None
             chain: list[Checkpoint] = []
             cursor = cp
-            while cursor.snapshot is None:
+            while cursor.snapshot is None and not _after(cursor, known):
                 if cursor.parent_id is None:
                     raise CheckpointError(
                         f"thread {thread_id!r}: checkpoint {cid!r} has no snapshot in its "

@@ -342,11 +342,17 @@ class RemoveMessage:
 
 
 def _message_id(message: Any) -> str | None:
-    if isinstance(message, Mapping):
+    # Called for every message of the history on every update: plain dicts and string ids (the
+    # common case) skip the slow ABC isinstance check and str().
+    if type(message) is dict:
+        value = message.get("id")
+    elif isinstance(message, Mapping):
         value = message.get("id")
     else:
         value = getattr(message, "id", None)
-    return None if value is None else str(value)
+    if value is None or type(value) is str:
+        return value
+    return str(value)
 
 
 def _with_id(message: Any) -> Any:

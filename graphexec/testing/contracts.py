@@ -32,6 +32,7 @@ from collections.abc import (
     Mapping,
     MutableMapping,
     MutableSequence,
+    Sequence,
 )
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -55,6 +56,7 @@ from graphexec.errors import (
     CheckpointConflictError,
     CheckpointError,
     LeaseLostError,
+    NotSupportedError,
     ThreadBusyError,
 )
 
@@ -334,6 +336,13 @@ class CheckpointerContract:
     yields a fresh, empty checkpointer (set up, and closed afterwards) for each test.
     """
 
+    get_since_stops: bool = True
+    """Whether the backend's :meth:`~BaseCheckpointer.get_since` stops chains at ``known``.
+
+    Set it to ``False`` for a backend that keeps the default (a full :meth:`get`): the tests
+    then accept either answer the contract allows.
+    """
+
     @pytest.fixture
     async def checkpointer(self) -> AsyncIterator[BaseCheckpointer]:
         """Override: yield a fresh, empty checkpointer of the backend under test."""
@@ -453,6 +462,80 @@ class CheckpointerContract:
         assert _ids((await _get(checkpointer, "t", cid=cps[4].checkpoint_id)).chain) == _ids(
             cps[:4]
         )
+
+    # -- reads from known values (get_since) ---------------------------------------------
+
+    async def _assert_since(
+        self,
+        checkpointer: BaseCheckpointer,
+        thread_id: str,
+        target: Checkpoint,
+        known: str,
+        stopped: Sequence[Checkpoint] | None,
+    ) -> None:
+        """``get_since(target, known)`` returns the full chain, or (if allowed) ``stopped``."""
+        full = await _get(checkpointer, thread_id, cid=target.checkpoint_id)
+        got = await checkpointer.get_since(thread_id, "", target.checkpoint_id, known=known)
+        assert got is not None
+        _assert_same(got.checkpoint, target)
+        assert got.is_head == full.is_head
+        assert got.pending_writes == full.pending_writes
+        answers = [_ids(full.chain)]
+        if stopped is not None:
+            answers = [_ids(stopped)] if self.get_since_stops else [*answers, _ids(stopped)]
+        assert _ids(got.chain) in answers
+        for stored, original in zip(got.chain, full.chain[-len(got.chain) :], strict=False):
+            _assert_same(stored, original)
+
+    async def test_get_since_stops_after_the_known_checkpoint(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """The chain starts at ``known``'s child, or is empty when ``known`` is the target."""
+        cps = await put_chain(checkpointer, "t", 6)
+        head = cps[-1]
+        await self._assert_since(checkpointer, "t", head, cps[2].checkpoint_id, cps[3:5])
+        await self._assert_since(checkpointer, "t", head, cps[4].checkpoint_id, [])
+        await self._assert_since(checkpointer, "t", head, head.checkpoint_id, [])
+        await self._assert_since(checkpointer, "t", cps[3], cps[1].checkpoint_id, cps[2:3])
+        got = await checkpointer.get_since("t", "", None, known=cps[2].checkpoint_id)
+        assert got is not None and got.checkpoint.checkpoint_id == head.checkpoint_id
+
+    async def test_get_since_stops_at_a_snapshot_newer_than_known(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A snapshot between ``known`` and the target ends the chain as in ``get``."""
+        cps = await put_chain(checkpointer, "t", 6, snapshot_steps={3})
+        await self._assert_since(checkpointer, "t", cps[-1], cps[1].checkpoint_id, None)
+        got = await checkpointer.get_since("t", "", None, known=cps[1].checkpoint_id)
+        assert got is not None and _ids(got.chain) == _ids(cps[3:5])
+
+    async def test_get_since_ignores_a_known_checkpoint_off_the_chain(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """``known`` on another branch, pruned, deleted or never stored changes nothing."""
+        cps = await put_chain(checkpointer, "t", 5)
+        fork = make_checkpoint("t", parent=cps[1], source="fork")
+        await checkpointer.put(fork, expected_head=cps[-1].checkpoint_id)
+        for known in (cps[3].checkpoint_id, cps[4].checkpoint_id, new_checkpoint_id()):
+            await self._assert_since(checkpointer, "t", fork, known, None)
+            got = await checkpointer.get_since("t", "", None, known=known)
+            assert got is not None and _ids(got.chain) == _ids(cps[:2])
+        await checkpointer.delete_thread("t")
+        again = await put_chain(checkpointer, "t", 3)
+        got = await checkpointer.get_since("t", "", None, known=cps[1].checkpoint_id)
+        assert got is not None and _ids(got.chain) == _ids(again[:2])
+        assert await checkpointer.get_since("nope", "", None, known=cps[1].checkpoint_id) is None
+
+    async def test_get_since_after_prune_with_rebase(self, checkpointer: BaseCheckpointer) -> None:
+        """A known checkpoint pruned away is simply not reached: the rebased snapshot is."""
+        cps = await put_chain(checkpointer, "t", 6)
+        try:
+            await checkpointer.prune("t", keep_last=2, rebase=(cps[4].checkpoint_id, {"x": b"1"}))
+        except NotSupportedError:
+            pytest.skip("backend does not support prune()")
+        got = await checkpointer.get_since("t", "", None, known=cps[1].checkpoint_id)
+        assert got is not None and _ids(got.chain) == _ids(cps[4:5])
+        assert got.chain[0].snapshot == {"x": b"1"}
 
     # -- ordering -------------------------------------------------------------------------
 
@@ -1155,6 +1238,84 @@ class CheckpointerContract:
         assert second.epoch > first.epoch
         with pytest.raises(LeaseLostError):
             await put_chain(checkpointer, "t", 1, lease=first)
+
+    async def test_put_final_commits_and_releases_the_lease(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """``put_final`` commits, then the lease is free at once and its epoch is dead."""
+        first = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        [head] = await put_chain(checkpointer, "t", 1, lease=first)
+        last = make_checkpoint("t", parent=head)
+        await checkpointer.put_final(last, expected_head=head.checkpoint_id, lease=first)
+        _assert_same((await _get(checkpointer, "t")).checkpoint, last)
+        second = await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        assert second.epoch > first.epoch
+        with pytest.raises(LeaseLostError):
+            await put_chain(checkpointer, "t", 1, after=last, lease=first)
+
+    async def test_failed_put_final_keeps_the_lease(self, checkpointer: BaseCheckpointer) -> None:
+        """A ``put_final`` that conflicts writes nothing and releases nothing."""
+        lease = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        [head] = await put_chain(checkpointer, "t", 1, lease=lease)
+        stray = make_checkpoint("t", parent=head)
+        with pytest.raises(CheckpointConflictError):
+            await checkpointer.put_final(stray, expected_head=None, lease=lease)
+        assert await checkpointer.get("t", "", stray.checkpoint_id) is None
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        await put_chain(checkpointer, "t", 1, after=head, lease=lease)
+
+    async def test_put_final_with_a_lost_lease_leaves_the_new_owner_alone(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A stale ``put_final`` is rejected and does not release the new owner's lease."""
+        stale = await checkpointer.acquire_lease("t", owner="run-1", ttl=0.05)
+        [head] = await put_chain(checkpointer, "t", 1, lease=stale)
+        fresh = await self._take_over(checkpointer, "t", "run-2")
+        with pytest.raises(LeaseLostError):
+            await checkpointer.put_final(
+                make_checkpoint("t", parent=head), expected_head=head.checkpoint_id, lease=stale
+            )
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-3", ttl=60)
+        await put_chain(checkpointer, "t", 1, after=head, lease=fresh)
+
+    async def test_acquire_lease_and_get_reads_what_get_reads(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """The lease comes with the head (or the named checkpoint), as get/get_since read it."""
+        lease, tup = await checkpointer.acquire_lease_and_get("t", owner="run-1", ttl=60)
+        assert tup is None and lease.owner == "run-1"
+        cps = await put_chain(checkpointer, "t", 5, lease=lease)
+        await checkpointer.put_writes(
+            "t", "", cps[-1].checkpoint_id, "task", [("x", b"1")], lease=lease
+        )
+        await checkpointer.release_lease(lease)
+        again, tup = await checkpointer.acquire_lease_and_get("t", owner="run-2", ttl=60)
+        assert again.epoch > lease.epoch
+        want = await _get(checkpointer, "t")
+        assert tup is not None and tup.is_head
+        _assert_same(tup.checkpoint, want.checkpoint)
+        assert _ids(tup.chain) == _ids(want.chain) and tup.pending_writes == want.pending_writes
+        await checkpointer.release_lease(again)
+        third, tup = await checkpointer.acquire_lease_and_get(
+            "t", owner="run-3", ttl=60, checkpoint_id=cps[3].checkpoint_id
+        )
+        assert tup is not None and not tup.is_head and _ids(tup.chain) == _ids(cps[:3])
+        await checkpointer.release_lease(third)
+        _, tup = await checkpointer.acquire_lease_and_get(
+            "t", owner="run-4", ttl=60, known=cps[2].checkpoint_id
+        )
+        assert tup is not None and _ids(tup.chain) in (_ids(cps[3:4]), _ids(cps[:4]))
+
+    async def test_acquire_lease_and_get_on_a_busy_thread_raises(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A live lease of another owner: ThreadBusyError, and that lease is untouched."""
+        held = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease_and_get("t", owner="run-2", ttl=60)
+        await put_chain(checkpointer, "t", 1, lease=held)
 
     async def test_releasing_a_lost_lease_is_a_no_op(self, checkpointer: BaseCheckpointer) -> None:
         """Releasing a lease already lost leaves the new owner's lease alone."""

@@ -190,6 +190,7 @@ async def test_every_query_path_uses_an_index_on_big_tables(schema: str) -> None
             "checkpoint_id": cid,
             "parent_id": f"c1234-{STEPS - 2}",
             "expected_head": f"c1234-{STEPS - 2}",
+            "known": None,
             "before": None,
             "limit": 5,
             "keep_last": 3,
@@ -198,6 +199,7 @@ async def test_every_query_path_uses_an_index_on_big_tables(schema: str) -> None
             "seqs": [1, 2],
             "ids": [thread, "t77"],
             "epoch": 1,
+            "release": False,
             "owner": "run",
             "ttl": 30.0,
             "task_id": "task",
@@ -215,6 +217,7 @@ async def test_every_query_path_uses_an_index_on_big_tables(schema: str) -> None
         queries = {
             "get": sql.GET_CHECKPOINT,
             "get by id": sql.GET_CHECKPOINT,
+            "get since": sql.GET_CHECKPOINT,
             "list": sql.LIST_CHECKPOINTS,
             "tips": sql.LIST_TIPS,
             "put": pg_backend._PUT,
@@ -235,6 +238,8 @@ async def test_every_query_path_uses_an_index_on_big_tables(schema: str) -> None
         async with await psycopg.AsyncConnection.connect(postgres_dsn(), autocommit=True) as conn:
             for name, query in queries.items():
                 bound = dict(params, checkpoint_id=None) if name == "get" else params
+                if name == "get since":
+                    bound = dict(params, checkpoint_id=None, known=f"c1234-{STEPS - 50}")
                 cur = await conn.execute("EXPLAIN " + cp._db.sql(query), bound)
                 plan = [str(row[0]) for row in await cur.fetchall()]
                 scans = [
@@ -248,7 +253,7 @@ async def test_every_query_path_uses_an_index_on_big_tables(schema: str) -> None
         got = await cp._db.fetch(
             "get",
             sql.GET_CHECKPOINT,
-            {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": None},
+            {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": None, "known": None},
         )
         assert {r[3] for r in got if r[0] == "c"} == {f"c1234-{k}" for k in range(STEPS)}
 

@@ -124,6 +124,7 @@ def test_every_query_path_uses_an_index() -> None:
         "checkpoint_ns": "",
         "checkpoint_id": "c",
         "parent_id": "p",
+        "known": None,
         "before": None,
         "limit": 5,
         "keep_last": 3,
@@ -146,9 +147,11 @@ def test_every_query_path_uses_an_index() -> None:
         for statement in sql.migrations(sql.SQLITE):
             conn.execute(statement)
         for name, query in queries.items():
-            plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query, params)]
-            scans = [step for step in plan if step.startswith("SCAN graphexec_")]
-            assert not scans, (name, plan)
+            for known in (None, "k"):  # get_since: the same statement, stopping at :known
+                bound = dict(params, known=known)
+                plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query, bound)]
+                scans = [step for step in plan if step.startswith("SCAN graphexec_")]
+                assert not scans, (name, known, plan)
 
 
 # -- durability of what was written --------------------------------------------------------------
