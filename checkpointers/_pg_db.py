@@ -54,7 +54,12 @@ ATTEMPTS = 3
 _RETRY_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
 _LOCK_NAMESPACE = 0x67786563  # "gxec": first key of the migration advisory lock
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([A-Za-z_]\w*)", re.I)
+_CREATE_TABLE = re.compile(
+    r"CREATE\s+(?:TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?|(?:OR\s+REPLACE\s+)?FUNCTION\s+)"
+    r"([A-Za-z_]\w*)",
+    re.I,
+)
+"""The store's own tables and functions, qualified with ``schema=`` in every statement."""
 _QUOTED = r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$\$.*?\$\$"
 _SPACE = r"(?:\s|--[^\n]*)+"
 _PARAM = r"(?<![:\w]):([A-Za-z_]\w*)"

@@ -87,6 +87,8 @@ class Dialect:
         serial_pk: An auto-incrementing integer primary key whose values are never reused.
         without_rowid: Table suffix for small keyed tables (SQLite stores them in the key's
             b-tree, saving an index); empty elsewhere.
+        put_function: The server-side commit function (PostgreSQL; see
+            :data:`PG_PUT_FUNCTION`), or a statement that does nothing where there is none.
     """
 
     name: str
@@ -95,6 +97,7 @@ class Dialect:
     double: str
     serial_pk: str
     without_rowid: str
+    put_function: str = "SELECT 1"
 
 
 SQLITE = Dialect(
@@ -105,6 +108,101 @@ SQLITE = Dialect(
     serial_pk="INTEGER PRIMARY KEY AUTOINCREMENT",
     without_rowid=" WITHOUT ROWID",
 )
+PG_PUT_FUNCTION = """CREATE FUNCTION graphexec_put(
+        p_thread_id text, p_checkpoint_ns text, p_checkpoint_id text, p_parent_id text,
+        p_expected_head text, p_epoch bigint, p_step bigint, p_source text, p_created_at bigint,
+        p_graph_version text, p_next_nodes text, p_frontier bytea, p_metadata bytea,
+        p_delta_depth bigint, p_delta_bytes bigint, p_snapshot_bytes bigint,
+        p_has_snapshot bigint, p_default_ttl float8, p_checkpoints_table text, p_release boolean,
+        p_roles text[], p_channels text[], p_ops text[], p_datas bytea[])
+    RETURNS TABLE (o_verdict text, o_owner text, o_head text, o_dup boolean, o_written bigint)
+    LANGUAGE plpgsql AS $put$
+    DECLARE
+        v_now float8 := extract(epoch FROM clock_timestamp())::float8;
+        v_epoch bigint;
+        v_expires float8;
+        v_parent bigint;
+        v_has_thread boolean;
+        v_seq bigint;
+    BEGIN
+        o_written := 0;
+        SELECT l.owner, l.epoch, l.expires_at INTO o_owner, v_epoch, v_expires
+            FROM graphexec_leases AS l WHERE l.thread_id = p_thread_id FOR UPDATE;
+        SELECT h.head_id INTO o_head FROM graphexec_heads AS h
+            WHERE h.thread_id = p_thread_id AND h.checkpoint_ns = p_checkpoint_ns FOR UPDATE;
+        SELECT c.cp_seq INTO v_parent FROM graphexec_checkpoints AS c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = p_checkpoint_ns
+              AND c.checkpoint_id = p_parent_id FOR KEY SHARE;
+        o_dup := EXISTS (SELECT 1 FROM graphexec_checkpoints AS d
+            WHERE d.thread_id = p_thread_id AND d.checkpoint_ns = p_checkpoint_ns
+              AND d.checkpoint_id = p_checkpoint_id);
+        v_has_thread := EXISTS (SELECT 1 FROM graphexec_threads AS t
+            WHERE t.thread_id = p_thread_id);
+        o_verdict := CASE
+            WHEN p_epoch IS NOT NULL AND (o_owner IS NULL OR v_epoch <> p_epoch)
+                THEN 'lease_lost'
+            WHEN p_epoch IS NULL AND o_owner IS NOT NULL AND v_expires > v_now THEN 'busy'
+            WHEN o_head IS DISTINCT FROM p_expected_head THEN 'conflict'
+            WHEN o_dup THEN 'duplicate'
+            WHEN p_parent_id IS NOT NULL AND v_parent IS NULL THEN 'no_parent'
+        END;
+        IF o_verdict IS NOT NULL THEN
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        INSERT INTO graphexec_heads AS x (thread_id, checkpoint_ns, head_id, head_seq)
+            VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id,
+                nextval(pg_get_serial_sequence(p_checkpoints_table, 'cp_seq')))
+            ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE
+            SET head_id = excluded.head_id, head_seq = excluded.head_seq
+            WHERE x.head_id = p_expected_head
+            RETURNING x.head_seq INTO v_seq;
+        IF v_seq IS NULL THEN
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        INSERT INTO graphexec_checkpoints (
+                cp_seq, thread_id, checkpoint_ns, checkpoint_id, parent_id, step, source,
+                created_at, graph_version, next_nodes, frontier, metadata, delta_depth,
+                delta_bytes, snapshot_bytes, has_snapshot)
+            OVERRIDING SYSTEM VALUE
+            VALUES (v_seq, p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_id, p_step,
+                p_source, p_created_at, p_graph_version, p_next_nodes, p_frontier, p_metadata,
+                p_delta_depth, p_delta_bytes, p_snapshot_bytes, p_has_snapshot);
+        INSERT INTO graphexec_channels (cp_seq, role, channel, op, data)
+            SELECT v_seq, r.role, r.channel, r.op, r.data
+            FROM unnest(p_roles, p_channels, p_ops, p_datas) AS r(role, channel, op, data);
+        IF v_parent IS NOT NULL THEN
+            DELETE FROM graphexec_writes AS w WHERE w.cp_seq = v_parent;
+        END IF;
+        IF v_has_thread THEN
+            UPDATE graphexec_threads AS t SET touched_at = v_now, expires_at = v_now + t.ttl
+                WHERE t.thread_id = p_thread_id AND t.ttl IS NOT NULL;
+        ELSIF p_default_ttl IS NOT NULL THEN
+            INSERT INTO graphexec_threads (thread_id, ttl, touched_at, expires_at)
+                VALUES (p_thread_id, p_default_ttl, v_now, v_now + p_default_ttl)
+                ON CONFLICT (thread_id) DO NOTHING;
+        END IF;
+        IF p_release THEN
+            UPDATE graphexec_leases AS l SET owner = NULL, expires_at = 0
+                WHERE l.thread_id = p_thread_id AND l.epoch = p_epoch;
+        END IF;
+        o_written := 1;
+        RETURN NEXT;
+    END
+    $put$"""
+"""PostgreSQL's commit, as one server-side function: the checks of ``put`` under row locks
+(lease row ``FOR UPDATE``, then the head row ``FOR UPDATE``, then the parent ``FOR KEY SHARE``),
+then the head compare-and-set, the checkpoint and channel rows, the removal of the parent's
+pending writes and the thread's TTL. Returns ``(verdict, lease owner, head, dup, written)``:
+``verdict`` is NULL when every check passed, and ``written`` is then 1, or 0 when another
+writer created the same new thread or namespace first.
+
+A PL/pgSQL function keeps its statements' plans for the life of the server connection, so a
+commit is parsed and planned once per connection without client-side prepared statements:
+it works through transaction-mode poolers. (The backend qualifies its table names with the store's
+schema, if it has one, and passes the checkpoints table's name for its sequence.)"""
+
 POSTGRES = Dialect(
     name="postgres",
     blob="BYTEA",
@@ -112,6 +210,7 @@ POSTGRES = Dialect(
     double="DOUBLE PRECISION",
     serial_pk="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
     without_rowid="",
+    put_function=PG_PUT_FUNCTION,
 )
 
 MIGRATIONS: tuple[str, ...] = (
@@ -188,6 +287,8 @@ MIGRATIONS: tuple[str, ...] = (
     ){without_rowid}""",
     # 10
     """CREATE INDEX graphexec_threads_by_expiry ON graphexec_threads (expires_at)""",
+    # 11: PostgreSQL's commit function (nothing on SQLite)
+    "{put_function}",
 )
 """Schema migrations in order; a database at version ``v`` has applied ``MIGRATIONS[:v + 1]``.
 
@@ -204,6 +305,7 @@ def migrations(dialect: Dialect) -> list[str]:
         "double": dialect.double,
         "serial_pk": dialect.serial_pk,
         "without_rowid": dialect.without_rowid,
+        "put_function": dialect.put_function,
     }
     return [m.format(**names) for m in MIGRATIONS]
 

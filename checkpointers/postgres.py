@@ -82,91 +82,15 @@ _ACQUIRE_TRIES = 5
 
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
 
-_PUT = f"""WITH l AS (
-        SELECT owner, epoch, expires_at FROM graphexec_leases
-        WHERE thread_id = :thread_id FOR UPDATE
-    ), h AS (
-        SELECT head_id FROM graphexec_heads
-        WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns
-          AND (SELECT count(*) FROM l) >= 0
-        FOR UPDATE
-    ), p AS (
-        SELECT cp_seq FROM graphexec_checkpoints
-        WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns
-          AND checkpoint_id = :parent_id::text AND (SELECT count(*) FROM h) >= 0
-        FOR KEY SHARE
-    ), k AS (
-        SELECT {_NOW} AS now, l.owner, l.epoch, l.expires_at,
-            (SELECT head_id FROM h) AS head, (SELECT cp_seq FROM p) AS parent_seq,
-            EXISTS (SELECT 1 FROM graphexec_checkpoints AS d
-                WHERE d.thread_id = :thread_id AND d.checkpoint_ns = :checkpoint_ns
-                  AND d.checkpoint_id = :checkpoint_id) AS dup,
-            t.thread_id IS NOT NULL AS has_thread
-        FROM (SELECT 1) AS one LEFT JOIN l ON true
-        LEFT JOIN graphexec_threads AS t ON t.thread_id = :thread_id
-    ), v AS (
-        SELECT k.*, CASE
-            WHEN :epoch::bigint IS NOT NULL AND (k.owner IS NULL OR k.epoch <> :epoch::bigint)
-                THEN 'lease_lost'
-            WHEN :epoch::bigint IS NULL AND k.owner IS NOT NULL AND k.expires_at > k.now
-                THEN 'busy'
-            WHEN k.head IS DISTINCT FROM :expected_head::text THEN 'conflict'
-            WHEN k.dup THEN 'duplicate'
-            WHEN :parent_id::text IS NOT NULL AND k.parent_seq IS NULL THEN 'no_parent'
-        END AS verdict
-        FROM k
-    ), n AS (
-        SELECT v.now, v.parent_seq, v.has_thread,
-            nextval(pg_get_serial_sequence(:checkpoints_table, 'cp_seq')) AS seq
-        FROM v WHERE v.verdict IS NULL
-    ), hd AS (
-        INSERT INTO graphexec_heads AS x (thread_id, checkpoint_ns, head_id, head_seq)
-        SELECT :thread_id, :checkpoint_ns, :checkpoint_id, n.seq FROM n
-        ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE
-        SET head_id = excluded.head_id, head_seq = excluded.head_seq
-        WHERE x.head_id = :expected_head::text
-        RETURNING x.head_seq
-    ), c AS (
-        INSERT INTO graphexec_checkpoints (
-            cp_seq, thread_id, checkpoint_ns, checkpoint_id, parent_id, step, source,
-            created_at, graph_version, next_nodes, frontier, metadata, delta_depth, delta_bytes,
-            snapshot_bytes, has_snapshot)
-        OVERRIDING SYSTEM VALUE
-        SELECT hd.head_seq, :thread_id, :checkpoint_ns, :checkpoint_id, :parent_id::text, :step,
-            :source, :created_at, :graph_version, :next_nodes, :frontier, :metadata,
-            :delta_depth, :delta_bytes, :snapshot_bytes, :has_snapshot
-        FROM hd
-        RETURNING cp_seq
-    ), b AS (
-        INSERT INTO graphexec_channels (cp_seq, role, channel, op, data)
-        SELECT c.cp_seq, r.role, r.channel, r.op, r.data
-        FROM c, unnest(:roles::text[], :channels::text[], :ops::text[], :datas::bytea[])
-            AS r(role, channel, op, data)
-    ), w AS (
-        DELETE FROM graphexec_writes
-        WHERE cp_seq = (SELECT n.parent_seq FROM n) AND EXISTS (SELECT 1 FROM c)
-    ), touch AS (
-        UPDATE graphexec_threads AS t SET touched_at = n.now, expires_at = n.now + t.ttl
-        FROM n WHERE t.thread_id = :thread_id AND t.ttl IS NOT NULL AND EXISTS (SELECT 1 FROM c)
-    ), fresh AS (
-        INSERT INTO graphexec_threads (thread_id, ttl, touched_at, expires_at)
-        SELECT :thread_id, :default_ttl::float8, n.now, n.now + :default_ttl::float8 FROM n
-        WHERE :default_ttl::float8 IS NOT NULL AND NOT n.has_thread AND EXISTS (SELECT 1 FROM c)
-        ON CONFLICT (thread_id) DO NOTHING
-    ), rl AS (
-        UPDATE graphexec_leases SET owner = NULL, expires_at = 0
-        WHERE :release::boolean AND thread_id = :thread_id AND epoch = :epoch::bigint
-          AND EXISTS (SELECT 1 FROM c)
-    )
-    SELECT v.verdict, v.owner, v.head, v.dup, (SELECT count(*) FROM c) FROM v"""
-"""Checks and commits one checkpoint; returns ``(verdict, lease owner, head, dup, written)``.
-
-With ``:release`` it also releases the lease ``:epoch`` once the commit is written
-(``put_final``).
-
-``verdict`` is NULL when every check passed; ``written`` is then 1, or 0 when another writer
-created the same new thread or namespace first (the head insert found its row).
-"""
+_PUT = """SELECT * FROM graphexec_put(:thread_id, :checkpoint_ns, :checkpoint_id, :parent_id,
+        :expected_head, :epoch::bigint, :step::bigint, :source, :created_at::bigint,
+        :graph_version, :next_nodes, :frontier::bytea, :metadata::bytea, :delta_depth::bigint,
+        :delta_bytes::bigint, :snapshot_bytes::bigint, :has_snapshot::bigint,
+        :default_ttl::float8, :checkpoints_table::text, :release::boolean, :roles::text[],
+        :channels::text[], :ops::text[], :datas::bytea[])"""
+"""Checks and commits one checkpoint (see :data:`checkpointers._sql.PG_PUT_FUNCTION`); returns
+``(verdict, lease owner, head, dup, written)``. With ``:release`` it also releases the lease
+``:epoch`` once the commit is written (``put_final``)."""
 
 _HEAD = """SELECT head_id FROM graphexec_heads
     WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns"""

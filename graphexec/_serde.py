@@ -51,6 +51,7 @@ import datetime as dt
 import decimal
 import enum
 import functools
+import os
 import reprlib
 import struct
 import threading
@@ -863,9 +864,27 @@ def _dec_timedelta(data: bytes) -> dt.timedelta:
     return dt.timedelta(days=days, seconds=seconds, microseconds=microseconds)
 
 
+@functools.cache
+def known_zones() -> frozenset[str]:
+    """The IANA zone keys this machine has (system database and the ``tzdata`` package)."""
+    return frozenset(zoneinfo.available_timezones())
+
+
 def _dec_zoneinfo(data: bytes) -> zoneinfo.ZoneInfo:
-    # ZoneInfo only reads the IANA database (it rejects absolute and escaping keys).
-    return zoneinfo.ZoneInfo(data.decode("utf-8"))
+    # Only keys of the installed IANA database: ZoneInfo falls back to importing the package
+    # ``tzdata.zoneinfo.<key parts>``, and a stored key must never choose what is imported.
+    key = data.decode("utf-8")
+    if key not in known_zones() and not _in_tzpath(key):
+        raise DeserializationError(f"stored time zone {key[:80]!r} is not an IANA zone key")
+    return zoneinfo.ZoneInfo(key)
+
+
+def _in_tzpath(key: str) -> bool:
+    """Whether ``key`` is a file of the system zone database (``posix/UTC`` and the like)."""
+    parts = key.split("/")
+    if key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return False
+    return any(os.path.isfile(os.path.join(root, *parts)) for root in zoneinfo.TZPATH)
 
 
 def _dec_uuid(data: bytes) -> uuid.UUID:

@@ -20,6 +20,7 @@ from pg import admin_connection, fresh_schema, postgres_dsn
 
 from checkpointers import PostgresCheckpointer, _pg_db
 from checkpointers import _sql as sql
+from checkpointers import postgres as pg_backend
 from checkpointers._pg_db import Session
 from graphexec import END, START, CompiledGraph, StateGraph, StorageError
 from graphexec.testing import assert_eventually, make_checkpoint, put_chain
@@ -151,7 +152,7 @@ async def test_a_put_whose_reply_is_lost_after_commit_is_recognised_as_done(
     async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
         lease = await cp.acquire_lease("t", owner="run", ttl=60)
         [head] = await put_chain(cp, "t", 1, lease=lease)
-        switch = kill_switch(lambda q: "INSERT INTO graphexec_heads" in q, when="after")
+        switch = kill_switch(lambda q: q == pg_backend._PUT, when="after")
         child = make_checkpoint("t", parent=head)
         await cp.put(child, expected_head=head.checkpoint_id, lease=lease)  # no error
         assert switch.fired == 1
@@ -169,7 +170,7 @@ async def test_a_put_killed_before_it_ran_is_retried(
 ) -> None:
     async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
         [head] = await put_chain(cp, "t", 1)
-        switch = kill_switch(lambda q: "INSERT INTO graphexec_heads" in q, times=2)
+        switch = kill_switch(lambda q: q == pg_backend._PUT, times=2)
         child = make_checkpoint("t", parent=head)
         await cp.put(child, expected_head=head.checkpoint_id)
         assert switch.fired == 2  # third time lucky

@@ -9,6 +9,8 @@ import pytest
 from rel_backends import drop_memory_schemas
 from rel_support import GUARD, LONG, PROFILE, RECORDER, SEED, STATS, install_recorders
 
+from graphexec._serde import known_zones
+
 
 def pytest_report_header(config: pytest.Config) -> str:
     return (
@@ -20,6 +22,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.fixture(scope="session", autouse=True)
 def _record_sql() -> Iterator[None]:
     """Every statement the stores send, for the SQL-text audit (test_rel_zz_sql_audit)."""
+    known_zones()  # load the zone list (it imports the fixed `tzdata` package) before arming
     GUARD.install()
     restore = install_recorders()
     try:
