@@ -89,6 +89,9 @@ class Dialect:
             b-tree, saving an index); empty elsewhere.
         put_function: The server-side commit function (PostgreSQL; see
             :data:`PG_PUT_FUNCTION`), or a statement that does nothing where there is none.
+        op_results: The table where a non-idempotent operation records its result in its own
+            transaction, so a retry after a lost COMMIT reply can return it (PostgreSQL), or a
+            statement that does nothing where replies cannot be lost.
     """
 
     name: str
@@ -98,6 +101,7 @@ class Dialect:
     serial_pk: str
     without_rowid: str
     put_function: str = "SELECT 1"
+    op_results: str = "SELECT 1"
 
 
 SQLITE = Dialect(
@@ -211,6 +215,11 @@ POSTGRES = Dialect(
     serial_pk="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
     without_rowid="",
     put_function=PG_PUT_FUNCTION,
+    op_results="""CREATE TABLE graphexec_op_results (
+        op_id TEXT PRIMARY KEY,
+        result BIGINT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL
+    )""",
 )
 
 MIGRATIONS: tuple[str, ...] = (
@@ -289,6 +298,8 @@ MIGRATIONS: tuple[str, ...] = (
     """CREATE INDEX graphexec_threads_by_expiry ON graphexec_threads (expires_at)""",
     # 11: PostgreSQL's commit function (nothing on SQLite)
     "{put_function}",
+    # 12: results of non-idempotent operations, for retries after a lost reply (PostgreSQL)
+    "{op_results}",
 )
 """Schema migrations in order; a database at version ``v`` has applied ``MIGRATIONS[:v + 1]``.
 
@@ -306,6 +317,7 @@ def migrations(dialect: Dialect) -> list[str]:
         "serial_pk": dialect.serial_pk,
         "without_rowid": dialect.without_rowid,
         "put_function": dialect.put_function,
+        "op_results": dialect.op_results,
     }
     return [m.format(**names) for m in MIGRATIONS]
 

@@ -27,6 +27,7 @@ on when a lease has expired. :attr:`~graphexec.Lease.expires_at` is that clock's
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -143,6 +144,15 @@ _LOCK_HEADS = """SELECT 1 FROM graphexec_heads WHERE thread_id = :thread_id
     ORDER BY checkpoint_ns FOR UPDATE"""
 _LOCK_CHECKPOINTS = """SELECT 1 FROM graphexec_checkpoints WHERE thread_id = :thread_id
     ORDER BY cp_seq FOR UPDATE"""
+_OP_RESULT = "SELECT result FROM graphexec_op_results WHERE op_id = :op_id"
+_RECORD_OP = """INSERT INTO graphexec_op_results (op_id, result, created_at)
+    VALUES (:op_id, :result, extract(epoch FROM clock_timestamp()))"""
+_FORGET_OLD_OPS = """DELETE FROM graphexec_op_results
+    WHERE created_at < extract(epoch FROM clock_timestamp()) - 86400"""
+"""A prune records how many checkpoints it deleted in its own transaction: when the COMMIT's
+reply is lost and the transaction is retried, the retry finds that record and returns the count
+the committed attempt deleted (instead of 0). Records older than a day are dropped."""
+
 _LOCK_DOOMED = """SELECT 1 FROM graphexec_checkpoints WHERE cp_seq = ANY(:seqs::bigint[])
     ORDER BY cp_seq FOR UPDATE"""
 """Locking checkpoints before deleting them makes a ``put_writes`` in flight on one of them
@@ -609,7 +619,13 @@ class PostgresCheckpointer(BaseCheckpointer):
             rebase_rows = codec.snapshot_rows(thread_id, "", rebase[0], rebase[1])
             rebase_bytes = sum(len(b) for b in rebase[1].values())
 
+        op_id = uuid.uuid4().hex
+
         async def body(s: Session) -> int:
+            if s.attempt > 1:  # maybe a retry after a lost COMMIT reply: did it commit?
+                done = await s.fetch_one(_OP_RESULT, {"op_id": op_id})
+                if done is not None:
+                    return int(done[0])
             await s.fetch(_LOCK_HEADS, {"thread_id": thread_id})
             if rebase is not None:
                 target = await s.fetch(
@@ -646,6 +662,8 @@ class PostgresCheckpointer(BaseCheckpointer):
                 await s.fetch(_LOCK_DOOMED, {"seqs": [seq for (seq,) in doomed]})
             for statement in (sql.DELETE_CHANNELS_OF, sql.DELETE_WRITES_OF, sql.DELETE_CHECKPOINT):
                 await s.execute_many(statement, seqs)
+            await s.fetch(_FORGET_OLD_OPS)
+            await s.fetch(_RECORD_OP, {"op_id": op_id, "result": len(seqs)})
             return len(seqs)
 
         return await self._db.transaction("prune", body)

@@ -22,7 +22,7 @@ from graphexec._checkpoint import (
     ValuesCache,
     detach,
 )
-from graphexec._draw import draw_mermaid
+from graphexec._draw import draw_mermaid, draw_svg
 from graphexec._executor import Run, decode_records, resume_error
 from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
 from graphexec._serde import Serializer
@@ -1112,3 +1112,7 @@ class CompiledGraph(Generic[StateT]):
     def draw_mermaid(self) -> str:
         """Mermaid flowchart text for the graph."""
         return draw_mermaid(self.to_networkx())
+
+    def draw_svg(self) -> str:
+        """A standalone SVG image of the graph (no renderer needed; any browser opens it)."""
+        return draw_svg(self.to_networkx())

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from graphexec._draw import draw_svg
 from graphexec._graph import CompiledGraph
 from graphexec._hitl import RunState
 from graphexec._tasks import Emitter
@@ -277,7 +276,7 @@ async def cmd_draw(args: argparse.Namespace) -> int:
             text = f"```mermaid\n{text}```\n"
         data: bytes = text.encode()
     elif suffix == ".svg":
-        data = draw_svg(graph.to_networkx()).encode()
+        data = graph.draw_svg().encode()
     elif suffix == ".png":
         data = _png(graph)
     else:

@@ -391,18 +391,7 @@ async def test_postgres_nth_statement_fails(
 @pytest.mark.postgres
 @pytest.mark.parametrize(
     "op",
-    [
-        pytest.param(
-            "prune",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: checkpointers/postgres.py prune(): when the COMMIT's reply is lost "
-                "the retried transaction finds nothing left to delete and prune() returns 0, "
-                "not the number of checkpoints the committed attempt deleted",
-            ),
-        ),
-        "delete_thread",
-    ],
+    ["prune", "delete_thread"],
 )
 async def test_postgres_transaction_loses_its_backend_right_after_commit(
     tmp_path: Path, op: str, monkeypatch: pytest.MonkeyPatch
