@@ -423,14 +423,20 @@ class Run(TaskRunner):
             lambda: cp.put_writes(thread_id, ns, cid, task.task_id, data, lease=lease)
         )
 
-    async def _persist_now(self, task_id: str, writes: list[tuple[str, bytes]]) -> None:
-        """Store writes durably before returning, in every durability mode."""
+    async def _make_durable(self) -> None:
+        """Write the checkpoints ``async``/``exit`` durability has not written yet."""
         if self.cp is None or self.thread_id is None:
             return
         if self.durability == "exit":
             await self._flush_exit()
         else:
             await self.committer.drain()
+
+    async def _persist_now(self, task_id: str, writes: list[tuple[str, bytes]]) -> None:
+        """Store writes durably before returning, in every durability mode."""
+        if self.cp is None or self.thread_id is None:
+            return
+        await self._make_durable()
         assert self.head is not None
         await self.cp.put_writes(
             self.thread_id, self.ns, self.head, task_id, writes, lease=self.lease

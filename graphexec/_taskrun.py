@@ -68,6 +68,10 @@ class TaskRunner(ABC):
         """Store writes of a running task durably before returning (effects, answers)."""
 
     @abstractmethod
+    async def _make_durable(self) -> None:
+        """Commit what the durability mode has held back, up to the running step's checkpoint."""
+
+    @abstractmethod
     async def _run_subgraph(self, spec: NodeSpec, task: Task, rec: TaskRecord) -> Outcome:
         """Run a subgraph node as a nested run in its own checkpoint namespace."""
 
@@ -193,6 +197,7 @@ class TaskRunner(ABC):
             # Called from the sync node's worker thread: run fn here, store on the loop.
             if name in rec.effects:
                 return self.serde.loads(rec.effects[name], channel=f"{EFFECT}{name}")
+            asyncio.run_coroutine_threadsafe(self._make_durable(), loop).result()  # see _effect
             result = fn()
             if inspect.isawaitable(result):
                 result = asyncio.run_coroutine_threadsafe(_maybe_await(result), loop).result()
@@ -221,6 +226,11 @@ class TaskRunner(ABC):
     ) -> Any:
         if name in rec.effects:
             return self.serde.loads(rec.effects[name], channel=f"{EFFECT}{name}")
+        # The task's id (so ctx.idempotency_key) comes from its step's checkpoint. In `async` and
+        # `exit` durability that checkpoint may not be written yet; a crash would lose it and the
+        # re-run would get a new key. Commit it first, so a crash between the effect and its
+        # record re-runs the task under the same key, which the external system can dedupe.
+        await self._make_durable()
         result = await _maybe_await(fn())
         return await self._store_effect(task, rec, name, result)
 

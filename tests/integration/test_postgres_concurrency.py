@@ -76,7 +76,9 @@ def test_six_processes_migrating_a_fresh_schema_at_once_apply_each_migration_onc
                 tables = conn.execute(
                     "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (schema,)
                 ).fetchone()
-                assert tables == (7,)
+                assert tables == (
+                    8,
+                )  # checkpoints, channels, writes, heads, leases, threads, migrations, op results
         finally:
             with admin_connection() as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
