@@ -55,7 +55,6 @@ from memory._pg_passages import (
     state_of,
 )
 from memory._sqlite_archival import (
-    _CHUNK,
     _PARALLEL_ROWS,
     DEPTH_FACTOR,
     MAX_TOP_K,
@@ -71,8 +70,6 @@ from memory._sqlite_archival import (
     _decode_cursor,
     _digest,
     _encode_cursor,
-    _Heap,
-    _merge_top,
     _mismatch,
     _np,
     _passage,
@@ -82,9 +79,11 @@ from memory._sqlite_archival import (
     _State,
     _top_vectors,
     _VectorCache,
+    load_vector_cache,
+    scan_vectors,
 )
 from memory._text import rrf
-from memory.embedders import Embedder, HashingEmbedder, cosine_many, to_bytes
+from memory.embedders import Embedder, HashingEmbedder, to_bytes
 
 __all__ = ["PostgresArchivalStore"]
 
@@ -664,58 +663,22 @@ class PostgresArchivalStore(ArchivalStore):
 
     async def _cache(self, state: _State) -> _VectorCache:
         """This namespace's vector cache, brought up to ``state`` (loading what is missing)."""
-        embedder = self._shared.embedder
-        caches = self._shared.caches
-        cache = caches.get(state.nsid)
-        if cache is not None and (cache.embedder, cache.dim, cache.epoch) == (
-            embedder.name,
-            embedder.dim,
-            state.epoch,
-        ):
-            if cache.version == state.version:
-                return cache
-        else:
-            cache = _VectorCache(
-                embedder=embedder.name, dim=embedder.dim, epoch=state.epoch, capacity=state.passages
-            )
-        params = {
-            "nsid": state.nsid,
-            "embedder": embedder.name,
-            "dim": embedder.dim,
-            "chunk": _CHUNK,
-            "start": cache.last_seq(),
-        }
-        sql = VECTORS.format(filters="")
-        while True:
-            rows = await self._shared.db.fetch("archival search", sql, params)
-            cache.append(rows)
-            if len(rows) < _CHUNK:
-                break
-            params["start"] = rows[-1][0]
-        cache.version = state.version
-        caches[state.nsid] = cache
-        return cache
+        return await load_vector_cache(
+            self._shared.caches, self._shared.embedder, state, self._read, VECTORS
+        )
 
     async def _scan_vectors(
         self, qvec: Sequence[float], state: _State, filters: Filters, depth: int
     ) -> _Seqs:
         """Pure-Python vector candidates: read the filtered vectors in chunks and score them."""
-        embedder = self._shared.embedder
-        params = {
-            **filters.params(state.nsid),
-            "embedder": embedder.name,
-            "dim": embedder.dim,
-            "chunk": _CHUNK,
-            "start": 0,
-        }
-        sql = VECTORS.format(filters=filters.sql())
-        heap: _Heap = []
-        while True:
-            rows = await self._shared.db.fetch("archival search", sql, params)
-            if rows:
-                sims = cosine_many(qvec, [bytes(r[2]) for r in rows], embedder.dim, use_numpy=False)
-                _merge_top(heap, rows, sims, depth)
-            if len(rows) < _CHUNK:
-                break
-            params["start"] = rows[-1][0]
-        return [-neg for _, neg in sorted(heap, key=lambda item: (-item[0], -item[1]))]
+        return await scan_vectors(
+            self._read,
+            VECTORS.format(filters=filters.sql()),
+            filters.params(state.nsid),
+            self._shared.embedder,
+            qvec,
+            depth,
+        )
+
+    async def _read(self, query: str, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
+        return await self._shared.db.fetch("archival search", query, params)

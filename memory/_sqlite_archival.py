@@ -41,7 +41,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -1340,60 +1340,101 @@ class SqliteArchivalStore(ArchivalStore):
 
     async def _cache(self, state: _State) -> _VectorCache:
         """This namespace's vector cache, brought up to ``state`` (loading what is missing)."""
-        embedder = self._shared.embedder
-        caches = self._shared.caches
-        cache = caches.get(state.nsid)
-        if cache is not None and (cache.embedder, cache.dim, cache.epoch) == (
-            embedder.name,
-            embedder.dim,
-            state.epoch,
-        ):
-            if cache.version == state.version:
-                return cache
-        else:
-            cache = _VectorCache(
-                embedder=embedder.name, dim=embedder.dim, epoch=state.epoch, capacity=state.passages
-            )
-        params = {
-            "nsid": state.nsid,
-            "embedder": embedder.name,
-            "dim": embedder.dim,
-            "chunk": _CHUNK,
-            "start": cache.last_seq(),
-        }
-        sql = _VECTORS.format(filters="")
-        while True:
-            rows = await self._shared.db.read("archival search", sql, params)
-            cache.append(rows)
-            if len(rows) < _CHUNK:
-                break
-            params["start"] = rows[-1][0]
-        # Rows read after ``state`` was taken may be newer than it: labelling the cache with the
-        # older state is safe (the next search loads again from the last seq); never the reverse.
-        cache.version = state.version
-        caches[state.nsid] = cache
-        return cache
+        return await load_vector_cache(
+            self._shared.caches, self._shared.embedder, state, self._read, _VECTORS
+        )
 
     async def _scan_vectors(
         self, qvec: Sequence[float], state: _State, filters: _Filters, depth: int
     ) -> _Seqs:
         """Pure-Python vector candidates: read the filtered vectors in chunks and score them."""
-        embedder = self._shared.embedder
-        params = {
-            **filters.params(state.nsid),
-            "embedder": embedder.name,
-            "dim": embedder.dim,
-            "chunk": _CHUNK,
-            "start": 0,
-        }
-        sql = _VECTORS.format(filters=filters.sql())
-        heap: _Heap = []
-        while True:
-            rows = await self._shared.db.read("archival search", sql, params)
-            if rows:
-                sims = cosine_many(qvec, [r[2] for r in rows], embedder.dim, use_numpy=False)
-                _merge_top(heap, rows, sims, depth)
-            if len(rows) < _CHUNK:
-                break
-            params["start"] = rows[-1][0]
-        return [-neg for _, neg in sorted(heap, key=lambda item: (-item[0], -item[1]))]
+        return await scan_vectors(
+            self._read,
+            _VECTORS.format(filters=filters.sql()),
+            filters.params(state.nsid),
+            self._shared.embedder,
+            qvec,
+            depth,
+        )
+
+    async def _read(self, query: str, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
+        return await self._shared.db.read("archival search", query, params)
+
+
+# -- vector candidates, shared with the PostgreSQL store --------------------------------------
+
+VectorReader = Callable[[str, dict[str, Any]], Awaitable[Sequence[Sequence[Any]]]]
+"""Runs one read statement with named parameters and returns its rows (a backend's reader)."""
+
+
+async def load_vector_cache(
+    caches: dict[int, _VectorCache],
+    embedder: Embedder,
+    state: _State,
+    read: VectorReader,
+    vectors_sql: str,
+) -> _VectorCache:
+    """The namespace's vector cache in ``caches``, brought up to ``state``.
+
+    Loads, in ``_CHUNK``-row reads of ``vectors_sql`` (without filters), only the rows after
+    the last one cached; starts over when the embedder or the namespace's epoch changed.
+    """
+    cache = caches.get(state.nsid)
+    if cache is not None and (cache.embedder, cache.dim, cache.epoch) == (
+        embedder.name,
+        embedder.dim,
+        state.epoch,
+    ):
+        if cache.version == state.version:
+            return cache
+    else:
+        cache = _VectorCache(
+            embedder=embedder.name, dim=embedder.dim, epoch=state.epoch, capacity=state.passages
+        )
+    params: dict[str, Any] = {
+        "nsid": state.nsid,
+        "embedder": embedder.name,
+        "dim": embedder.dim,
+        "chunk": _CHUNK,
+        "start": cache.last_seq(),
+    }
+    sql = vectors_sql.format(filters="")
+    while True:
+        rows = await read(sql, params)
+        cache.append(rows)
+        if len(rows) < _CHUNK:
+            break
+        params["start"] = rows[-1][0]
+    # Rows read after ``state`` was taken may be newer than it: labelling the cache with the
+    # older state is safe (the next search loads again from the last seq); never the reverse.
+    cache.version = state.version
+    caches[state.nsid] = cache
+    return cache
+
+
+async def scan_vectors(
+    read: VectorReader,
+    filtered_sql: str,
+    filter_params: Mapping[str, Any],
+    embedder: Embedder,
+    qvec: Sequence[float],
+    depth: int,
+) -> _Seqs:
+    """Pure-Python vector candidates (no numpy): score the filtered vectors chunk by chunk."""
+    params: dict[str, Any] = {
+        **filter_params,
+        "embedder": embedder.name,
+        "dim": embedder.dim,
+        "chunk": _CHUNK,
+        "start": 0,
+    }
+    heap: _Heap = []
+    while True:
+        rows = await read(filtered_sql, params)
+        if rows:
+            vectors = [bytes(r[2]) for r in rows]
+            _merge_top(heap, rows, cosine_many(qvec, vectors, embedder.dim, use_numpy=False), depth)
+        if len(rows) < _CHUNK:
+            break
+        params["start"] = rows[-1][0]
+    return [-neg for _, neg in sorted(heap, key=lambda item: (-item[0], -item[1]))]
