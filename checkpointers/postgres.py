@@ -35,13 +35,12 @@ from typing import Any, Self
 from checkpointers import _sql as sql
 from checkpointers._crypto import Encryption
 from checkpointers._pg_db import PostgresDatabase, Session
+from checkpointers._reads import SqlReads
 from graphexec._checkpoint import (
     BaseCheckpointer,
     Checkpoint,
-    CheckpointTuple,
     Lease,
     SnapshotPolicy,
-    ThreadInfo,
 )
 from graphexec.errors import (
     CheckpointConflictError,
@@ -72,7 +71,6 @@ _TEXT_PARAMS = (
 )
 """Parameters sent as ``text`` (psycopg sends strings and ``None`` untyped)."""
 _EXPIRE_BATCH = 200
-_NO_LIMIT = 2**62
 _ACQUIRE_TRIES = 5
 
 # -- statements only PostgreSQL runs (row locks, the database clock, writes in CTEs) --------------
@@ -211,7 +209,7 @@ def _check_lease_thread(thread_id: str, lease: Lease | None) -> None:
         )
 
 
-class PostgresCheckpointer(BaseCheckpointer):
+class PostgresCheckpointer(SqlReads, BaseCheckpointer):
     """Checkpoints in PostgreSQL, shared by any number of worker processes and machines.
 
     The same delta storage, rows and queries as :class:`~checkpointers.SqliteCheckpointer`:
@@ -504,80 +502,11 @@ class PostgresCheckpointer(BaseCheckpointer):
 
     # -- reads ------------------------------------------------------------------------------
 
-    async def get(
-        self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None
-    ) -> CheckpointTuple | None:
-        """See :meth:`BaseCheckpointer.get`. One statement, whatever the chain length."""
-        return await self._get(thread_id, checkpoint_ns, checkpoint_id, None)
-
-    async def get_since(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, *, known: str
-    ) -> CheckpointTuple | None:
-        """See :meth:`BaseCheckpointer.get_since`. The same single statement as :meth:`get`."""
-        return await self._get(thread_id, checkpoint_ns, checkpoint_id, known)
-
-    async def _get(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, known: str | None
-    ) -> CheckpointTuple | None:
-        rows = await self._db.fetch(
-            "get",
-            sql.GET_CHECKPOINT,
-            {
-                "thread_id": thread_id,
-                "checkpoint_ns": checkpoint_ns,
-                "checkpoint_id": checkpoint_id,
-                "known": known,
-            },
-        )
-        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows, known)
-
-    async def list(
-        self,
-        thread_id: str,
-        checkpoint_ns: str = "",
-        *,
-        limit: int | None = None,
-        before: str | None = None,
-    ) -> Sequence[Checkpoint]:
-        """See :meth:`BaseCheckpointer.list`. One statement (a recursive walk of the branch)."""
-        if limit is not None and limit < 1:
-            return []
-        rows = await self._db.fetch(
-            "list",
-            sql.LIST_CHECKPOINTS,
-            {
-                "thread_id": thread_id,
-                "checkpoint_ns": checkpoint_ns,
-                "before": before,
-                "limit": _NO_LIMIT if limit is None else limit,
-            },
-        )
-        found, _ = self._codec.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
-        return [cp for _, cp in found]
-
-    async def list_tips(self, thread_id: str, checkpoint_ns: str = "") -> Sequence[Checkpoint]:
-        """See :meth:`BaseCheckpointer.list_tips`."""
-        rows = await self._db.fetch(
-            "list_tips", sql.LIST_TIPS, {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}
-        )
-        found, _ = self._codec.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
-        tips = [cp for _, cp in found]
-        return sorted(tips, key=lambda c: (c.created_at, c.checkpoint_id), reverse=True)
-
-    async def list_threads(self) -> Sequence[ThreadInfo]:
-        """See :meth:`BaseCheckpointer.list_threads`."""
-        rows = await self._db.fetch("list_threads", sql.LIST_THREADS)
-        return [
-            ThreadInfo(
-                thread_id=thread_id,
-                head_id=head_id,
-                step=step,
-                updated_at=sql.from_micros(created_at),
-                next_nodes=sql.json_tuple(next_nodes),
-                checkpoints=count,
-            )
-            for thread_id, head_id, step, created_at, next_nodes, count in rows
-        ]
+    async def _read(
+        self, op: str, query: str, params: Mapping[str, Any]
+    ) -> Sequence[Sequence[Any]]:
+        """Run one read statement (see :class:`~checkpointers._reads.SqlReads`)."""
+        return await self._db.fetch(op, query, params)
 
     # -- retention --------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from typing import Any, Literal, Self
 
 from checkpointers import _sql as sql
 from checkpointers._crypto import Encryption
+from checkpointers._reads import SqlReads
 from checkpointers._sqlite_db import SqliteDatabase, fetch
 from graphexec._checkpoint import (
     BaseCheckpointer,
@@ -49,7 +50,6 @@ from graphexec._checkpoint import (
     CheckpointTuple,
     Lease,
     SnapshotPolicy,
-    ThreadInfo,
 )
 from graphexec.errors import (
     CheckpointConflictError,
@@ -61,7 +61,6 @@ from graphexec.errors import (
 __all__ = ["SqliteCheckpointer"]
 
 _EXPIRE_BATCH = 200
-_NO_LIMIT = 2**62
 
 # Transaction bodies run on a connection's thread, whose frame keeps the last one alive until the
 # next call: they never capture the checkpointer, so a leaked one can still be collected (and warn).
@@ -127,7 +126,7 @@ def _insert_channels(db: sqlite3.Connection, seq: int, rows: Sequence[sql.Channe
         )
 
 
-class SqliteCheckpointer(BaseCheckpointer):
+class SqliteCheckpointer(SqlReads, BaseCheckpointer):
     """Checkpoints in one SQLite file, shared safely by several processes.
 
     Stores deltas and periodic snapshots (see :class:`~graphexec.SnapshotPolicy`), one row per
@@ -381,82 +380,11 @@ class SqliteCheckpointer(BaseCheckpointer):
 
     # -- reads ------------------------------------------------------------------------------
 
-    async def get(
-        self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None
-    ) -> CheckpointTuple | None:
-        """See :meth:`BaseCheckpointer.get`. One statement, whatever the chain length."""
-        return await self._get(thread_id, checkpoint_ns, checkpoint_id, None)
-
-    async def get_since(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, *, known: str
-    ) -> CheckpointTuple | None:
-        """See :meth:`BaseCheckpointer.get_since`. The same single statement as :meth:`get`."""
-        return await self._get(thread_id, checkpoint_ns, checkpoint_id, known)
-
-    async def _get(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, known: str | None
-    ) -> CheckpointTuple | None:
-        rows = await self._db.read(
-            "get",
-            sql.GET_CHECKPOINT,
-            {
-                "thread_id": thread_id,
-                "checkpoint_ns": checkpoint_ns,
-                "checkpoint_id": checkpoint_id,
-                "known": known,
-            },
-        )
-        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows, known)
-
-    async def list(
-        self,
-        thread_id: str,
-        checkpoint_ns: str = "",
-        *,
-        limit: int | None = None,
-        before: str | None = None,
-    ) -> Sequence[Checkpoint]:
-        """See :meth:`BaseCheckpointer.list`. One statement (a recursive walk of the branch)."""
-        if limit is not None and limit < 1:
-            return []
-        rows = await self._db.read(
-            "list",
-            sql.LIST_CHECKPOINTS,
-            {
-                "thread_id": thread_id,
-                "checkpoint_ns": checkpoint_ns,
-                "before": before,
-                "limit": _NO_LIMIT if limit is None else limit,
-            },
-        )
-        found, _ = self._codec.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
-        return [cp for _, cp in found]
-
-    async def list_tips(self, thread_id: str, checkpoint_ns: str = "") -> Sequence[Checkpoint]:
-        """See :meth:`BaseCheckpointer.list_tips`."""
-        rows = await self._db.read(
-            "list_tips",
-            sql.LIST_TIPS,
-            {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns},
-        )
-        found, _ = self._codec.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
-        tips = [cp for _, cp in found]
-        return sorted(tips, key=lambda c: (c.created_at, c.checkpoint_id), reverse=True)
-
-    async def list_threads(self) -> Sequence[ThreadInfo]:
-        """See :meth:`BaseCheckpointer.list_threads`."""
-        rows = await self._db.read("list_threads", sql.LIST_THREADS, {})
-        return [
-            ThreadInfo(
-                thread_id=thread_id,
-                head_id=head_id,
-                step=step,
-                updated_at=sql.from_micros(created_at),
-                next_nodes=sql.json_tuple(next_nodes),
-                checkpoints=count,
-            )
-            for thread_id, head_id, step, created_at, next_nodes, count in rows
-        ]
+    async def _read(
+        self, op: str, query: str, params: Mapping[str, Any]
+    ) -> Sequence[Sequence[Any]]:
+        """Run one read statement (see :class:`~checkpointers._reads.SqlReads`)."""
+        return await self._db.read(op, query, params)
 
     # -- retention --------------------------------------------------------------------------
 
