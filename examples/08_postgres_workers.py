@@ -115,13 +115,17 @@ def _worker(dsn: str, name: str, outbox: Path) -> subprocess.Popen[bytes]:
 
 async def main(dsn: str) -> None:
     import psycopg
+    from psycopg import sql
 
     from checkpointers.queue import RunQueue
 
     schema = f"graphexec_example_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')  # a fixed, generated name: no user input
-    scoped = f"{dsn}{'&' if '?' in dsn else '?'}options=-csearch_path%3D{schema}"
+        admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    if "://" in dsn:  # a URL, or a key=value DSN
+        scoped = f"{dsn}{'&' if '?' in dsn else '?'}options=-csearch_path%3D{schema}"
+    else:
+        scoped = f"{dsn} options=-csearch_path={schema}"
     queue = RunQueue(scoped)
     workers: list[subprocess.Popen[bytes]] = []
     try:
@@ -166,7 +170,7 @@ async def main(dsn: str) -> None:
                 w.wait()
         await queue.aclose()
         with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 if __name__ == "__main__":
