@@ -467,6 +467,18 @@ class CompiledGraph(Generic[StateT]):
             )
         return {pending[0].id: to_answer(pending[0].kind, resume)}
 
+    def check_update(self, writer: str, update: Any) -> None:
+        """Refuse, without writing anything, an update the schema or the serializer would refuse.
+
+        ``writer`` is the node (or ``"__input__"``) named in the error.
+
+        Raises:
+            InvalidUpdateError: The update does not fit the state schema.
+            SerializationError: A value cannot be stored.
+        """
+        for ch, value in self.spec.schema.coerce_update(writer, update).items():
+            self.serde.dumps(value, channel=ch)
+
     def _check_edits(
         self, thread_id: str | None, pending: Sequence[Interruption], answers: Mapping[str, Answer]
     ) -> None:
@@ -477,9 +489,7 @@ class CompiledGraph(Generic[StateT]):
                 continue
             node = nodes[iid]
             try:
-                items = self.spec.schema.coerce_update(node, answer.edited)
-                for ch, value in items.items():
-                    self.serde.dumps(value, channel=ch)
+                self.check_update(node, answer.edited)
             except (InvalidUpdateError, SerializationError) as e:
                 raise InvalidResumeError(
                     f"the edits approved for node {node!r} are refused: {e}; nothing was "

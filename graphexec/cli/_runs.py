@@ -168,13 +168,11 @@ async def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def _check_update(graph: CompiledGraph[Any], writer: str, update: Any, what: str) -> None:
-    """Refuse an update the state schema (or the serializer) would refuse, before any write."""
+    """``graph.check_update`` with its refusal as a user mistake (nothing is written yet)."""
     from graphexec.errors import InvalidUpdateError, SerializationError
 
     try:
-        items = graph.spec.schema.coerce_update(writer, update)
-        for ch, value in items.items():
-            graph.serde.dumps(value, channel=ch)
+        graph.check_update(writer, update)
     except (InvalidUpdateError, SerializationError) as e:
         raise CliError(f"{what} is refused: {e}") from e
 
