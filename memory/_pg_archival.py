@@ -87,6 +87,8 @@ from memory.embedders import Embedder, HashingEmbedder, to_bytes
 
 __all__ = ["PostgresArchivalStore"]
 
+_VECTORS_ALL = VECTORS.format(filters="")
+
 
 class _Shared:
     """What every namespace view of one store shares: the database, embedder and caches."""
@@ -663,22 +665,24 @@ class PostgresArchivalStore(ArchivalStore):
 
     async def _cache(self, state: _State) -> _VectorCache:
         """This namespace's vector cache, brought up to ``state`` (loading what is missing)."""
+        db = self._shared.db
         return await load_vector_cache(
-            self._shared.caches, self._shared.embedder, state, self._read, VECTORS
+            self._shared.caches,
+            self._shared.embedder,
+            state,
+            lambda params: db.fetch("archival search", _VECTORS_ALL, params),
         )
 
     async def _scan_vectors(
         self, qvec: Sequence[float], state: _State, filters: Filters, depth: int
     ) -> _Seqs:
         """Pure-Python vector candidates: read the filtered vectors in chunks and score them."""
+        db = self._shared.db
+        sql = VECTORS.format(filters=filters.sql())
         return await scan_vectors(
-            self._read,
-            VECTORS.format(filters=filters.sql()),
+            lambda params: db.fetch("archival search", sql, params),
             filters.params(state.nsid),
             self._shared.embedder,
             qvec,
             depth,
         )
-
-    async def _read(self, query: str, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
-        return await self._shared.db.fetch("archival search", query, params)

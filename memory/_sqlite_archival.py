@@ -199,6 +199,8 @@ _COVERAGE = """ AND +archival_fts.rowid IN (
 _VECTORS = """SELECT p.seq, p.created_at, p.vector FROM archival_passages AS p
     WHERE p.nsid = :nsid AND p.embedder = :embedder AND p.dim = :dim AND p.seq > :start{filters}
     ORDER BY p.seq LIMIT :chunk"""
+_VECTORS_ALL = _VECTORS.format(filters="")
+
 _LIST = f"""SELECT {_PASSAGE_COLUMNS} FROM archival_passages AS p
     JOIN archival_namespaces AS n ON n.nsid = p.nsid WHERE n.ns = :ns{{filters}}
     ORDER BY p.created_at DESC, p.seq DESC LIMIT :limit"""
@@ -1340,31 +1342,33 @@ class SqliteArchivalStore(ArchivalStore):
 
     async def _cache(self, state: _State) -> _VectorCache:
         """This namespace's vector cache, brought up to ``state`` (loading what is missing)."""
+        db = self._shared.db
         return await load_vector_cache(
-            self._shared.caches, self._shared.embedder, state, self._read, _VECTORS
+            self._shared.caches,
+            self._shared.embedder,
+            state,
+            lambda params: db.read("archival search", _VECTORS_ALL, params),
         )
 
     async def _scan_vectors(
         self, qvec: Sequence[float], state: _State, filters: _Filters, depth: int
     ) -> _Seqs:
         """Pure-Python vector candidates: read the filtered vectors in chunks and score them."""
+        db = self._shared.db
+        sql = _VECTORS.format(filters=filters.sql())
         return await scan_vectors(
-            self._read,
-            _VECTORS.format(filters=filters.sql()),
+            lambda params: db.read("archival search", sql, params),
             filters.params(state.nsid),
             self._shared.embedder,
             qvec,
             depth,
         )
 
-    async def _read(self, query: str, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
-        return await self._shared.db.read("archival search", query, params)
-
 
 # -- vector candidates, shared with the PostgreSQL store --------------------------------------
 
-VectorReader = Callable[[str, dict[str, Any]], Awaitable[Sequence[Sequence[Any]]]]
-"""Runs one read statement with named parameters and returns its rows (a backend's reader)."""
+VectorReader = Callable[[dict[str, Any]], Awaitable[Sequence[Sequence[Any]]]]
+"""Runs a backend's vector statement (``_VECTORS`` with its filters) with these parameters."""
 
 
 async def load_vector_cache(
@@ -1372,12 +1376,11 @@ async def load_vector_cache(
     embedder: Embedder,
     state: _State,
     read: VectorReader,
-    vectors_sql: str,
 ) -> _VectorCache:
     """The namespace's vector cache in ``caches``, brought up to ``state``.
 
-    Loads, in ``_CHUNK``-row reads of ``vectors_sql`` (without filters), only the rows after
-    the last one cached; starts over when the embedder or the namespace's epoch changed.
+    Loads, in ``_CHUNK``-row reads of the unfiltered vector statement, only the rows after the
+    last one cached; starts over when the embedder or the namespace's epoch changed.
     """
     cache = caches.get(state.nsid)
     if cache is not None and (cache.embedder, cache.dim, cache.epoch) == (
@@ -1398,9 +1401,8 @@ async def load_vector_cache(
         "chunk": _CHUNK,
         "start": cache.last_seq(),
     }
-    sql = vectors_sql.format(filters="")
     while True:
-        rows = await read(sql, params)
+        rows = await read(params)
         cache.append(rows)
         if len(rows) < _CHUNK:
             break
@@ -1414,7 +1416,6 @@ async def load_vector_cache(
 
 async def scan_vectors(
     read: VectorReader,
-    filtered_sql: str,
     filter_params: Mapping[str, Any],
     embedder: Embedder,
     qvec: Sequence[float],
@@ -1430,7 +1431,7 @@ async def scan_vectors(
     }
     heap: _Heap = []
     while True:
-        rows = await read(filtered_sql, params)
+        rows = await read(params)
         if rows:
             vectors = [bytes(r[2]) for r in rows]
             _merge_top(heap, rows, cosine_many(qvec, vectors, embedder.dim, use_numpy=False), depth)
