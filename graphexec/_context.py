@@ -23,8 +23,11 @@ class NodeContext:
         attempt: 1 on the first attempt, 2 on the first retry, and so on. Counts attempts made
             before a crash too.
         checkpoint_ns: ``""`` in the root graph, the node path inside subgraphs.
-        idempotency_key: Stable across retries and resumes of this task, different for every
-            other task, thread and fork. Pass it to external systems that deduplicate.
+        idempotency_key: Stable across retries and resumes of this task -- also when the
+            checkpoint of its step was lost in a crash (``async``/``exit`` durability) and the
+            run is started again with the same input -- and different for every other task,
+            thread, fork, replay and ``update_state`` branch. Pass it to external systems that
+            deduplicate (memory writes of the ready nodes use it as their ``op_key``).
         memory: The memory object given to ``compile(memory=...)``, or ``None``.
     """
 

@@ -41,6 +41,8 @@ from graphexec._tasks import (
     Outcome,
     Task,
     TaskRecord,
+    anchor_for,
+    random_anchor,
     task_id_for,
 )
 from graphexec._types import END, START, Command, Durability, Interruption, Send
@@ -74,6 +76,7 @@ class Run(TaskRunner):
         emitter: Emitter,
         lease: Lease | None,
         parent_task_id: str | None = None,
+        parent_key: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         checkpointer: BaseCheckpointer | None = None,
         memory: Any = None,
@@ -94,6 +97,10 @@ class Run(TaskRunner):
         self.emitter = emitter
         self.lease = lease
         self.parent_task_id = parent_task_id
+        self.parent_key = parent_key
+        """A subgraph run's parent task's idempotency key (its anchor derives from it)."""
+        self.anchor: str | None = None
+        """What this run's idempotency keys derive from (see ``idempotency_key_for``)."""
         self.incoming_answers = dict(incoming_answers or {})
         self.user_metadata = dict(metadata or {})
         self.committer = Committer(durability)
@@ -143,9 +150,13 @@ class Run(TaskRunner):
         self.step = tup.checkpoint.step
         if tup.is_head:
             self.head = tup.checkpoint.checkpoint_id
+            # Continuing the thread: the tasks are the ones an earlier run began, keys included.
+            self.anchor = self.frontier.anchor
         else:
             head = await self.cp.get(self.thread_id, self.ns)
             self.head = None if head is None else head.checkpoint.checkpoint_id
+            # A replay from an earlier checkpoint is new work on a new branch: new keys.
+            self.anchor = random_anchor()
         self.records = decode_records(self.graph, tup, self.frontier)
         return tup
 
@@ -213,8 +224,36 @@ class Run(TaskRunner):
         if sources[0].task.node == START:
             sources[0].routes = await self._branch_routes(START, self.values, None)
         frontier = self._next_frontier(sources, Frontier())
+        self.anchor = self._input_anchor(tup, writes, sources[0].routes)
         self.emitter.emit("values", dict(self.values))
         await self._commit("input", deltas, frontier, {"writes": {"__input__": _keys(writes)}})
+
+    def _input_anchor(
+        self,
+        tup: CheckpointTuple | None,
+        writes: Sequence[tuple[str, Any, bytes | None]],
+        routes: Sequence[str | Send],
+    ) -> str:
+        """The anchor of a run that applies new input.
+
+        Derived from durable facts only -- the thread, the checkpoint the input lands on (or,
+        for a subgraph, the parent task's key) and the input's bytes -- so a run lost to a crash
+        before any of its checkpoints was written (``exit`` durability), then started again
+        with the same input, gives its tasks the same idempotency keys. Input on a checkpoint
+        other than the head starts a branch: new work, a random anchor. So does a run with no
+        checkpointer, which has no durable facts to derive from.
+        """
+        if self.cp is None or self.thread_id is None:
+            return random_anchor()
+        base = "" if tup is None else tup.checkpoint.checkpoint_id
+        if tup is not None and base != self.head:
+            return random_anchor()
+        parts: list[str | bytes] = [self.thread_id, self.ns, base, self.parent_key or ""]
+        for ch, value, blob in writes:
+            parts += [ch, blob if blob is not None else self.serde.dumps(value, channel=ch)]
+        targets = [r if isinstance(r, str) else [r.node, r.arg] for r in routes]
+        parts.append(self.serde.dumps(targets, channel="__input__"))
+        return anchor_for(*parts)
 
     async def loop(self) -> None:
         """Run supersteps until the frontier is empty, a human is needed, or a task fails."""
@@ -538,6 +577,7 @@ class Run(TaskRunner):
             )
             for t in frontier.tasks
         ]
+        frontier.anchor = self.anchor
         self.frontier = frontier
         self.records = {}
         if self.cp is None:
@@ -692,6 +732,7 @@ class Run(TaskRunner):
             emitter=self.emitter,
             lease=self.lease,
             parent_task_id=task.task_id,
+            parent_key=self._task_key(task, self.step + 1),
             checkpointer=self.cp,
             memory=self.memory,
             incoming_answers=rec.answers,

@@ -28,7 +28,7 @@ from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
 from graphexec._serde import Serializer
 from graphexec._state import _MISSING, RemoveMessage
 from graphexec._sync import iterate_sync, run_sync
-from graphexec._tasks import Emitter, Frontier, Outcome, Task, task_id_for
+from graphexec._tasks import Emitter, Frontier, Outcome, Task, random_anchor, task_id_for
 from graphexec._types import (
     END,
     START,
@@ -153,7 +153,10 @@ class CompiledGraph(Generic[StateT]):
         """Serialize next tasks and join barriers for a checkpoint."""
         tasks = [[t.node, t.push, t.index, t.arg] for t in frontier.tasks]
         barriers = [[i, seen] for i, seen in sorted(frontier.barriers.items())]
-        return self.serde.dumps({"t": tasks, "b": barriers}, channel="__frontier__")
+        data: dict[str, Any] = {"t": tasks, "b": barriers}
+        if frontier.anchor is not None:
+            data["k"] = frontier.anchor
+        return self.serde.dumps(data, channel="__frontier__")
 
     def decode_frontier(self, checkpoint: Checkpoint) -> Frontier:
         """The frontier stored in ``checkpoint``, with task ids derived from its id."""
@@ -163,7 +166,12 @@ class CompiledGraph(Generic[StateT]):
             Task(node, push, index, arg, task_id_for(ns, cid, node, push, index))
             for node, push, index, arg in data["t"]
         ]
-        return Frontier(tasks, {int(i): list(seen) for i, seen in data["b"]})
+        anchor = data.get("k")
+        return Frontier(
+            tasks,
+            {int(i): list(seen) for i, seen in data["b"]},
+            anchor if isinstance(anchor, str) else None,
+        )
 
     def materialize(
         self, tup: CheckpointTuple, known: tuple[str, Mapping[str, Any]] | None = None
@@ -955,6 +963,9 @@ class CompiledGraph(Generic[StateT]):
             outcome.routes = await run._branch_routes(as_node, run.values, None)
             frontier = run._next_frontier([outcome], run.frontier)
         meta = {"writes": {writer: [ch for ch, _ in items]}, "as_node": as_node}
+        # What runs after an update is new work, even where it repeats a node that already ran
+        # at this step on another branch: its idempotency keys must not match that run's.
+        run.anchor = random_anchor()
         await run._commit("update", deltas, frontier, meta)
         assert run.head is not None
         return run.head
@@ -1016,6 +1027,7 @@ class CompiledGraph(Generic[StateT]):
             [Task(t.node, t.push, t.index, t.arg, "") for t in source.tasks], source.barriers
         )
         meta = {"forked_from": {"thread_id": thread_id, "checkpoint_id": checkpoint_id}}
+        run.anchor = random_anchor()
         await run._commit("fork", {}, frontier, meta)
         assert run.head is not None
         return run.head

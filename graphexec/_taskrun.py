@@ -21,7 +21,7 @@ from graphexec._context import NodeContext
 from graphexec._hitl import TaskScope, current_scope, interrupt_id
 from graphexec._serde import Serializer
 from graphexec._state import _MISSING, StateSchema
-from graphexec._tasks import EFFECT, Emitter, Outcome, Task, TaskRecord
+from graphexec._tasks import EFFECT, Emitter, Outcome, Task, TaskRecord, idempotency_key_for
 from graphexec._types import END, Command, Interruption, Send
 from graphexec.errors import (
     GraphExecError,
@@ -59,6 +59,7 @@ class TaskRunner(ABC):
     values: dict[str, Any]
     records: dict[str, TaskRecord]
     step: int
+    anchor: str | None
 
     def _record(self, task_id: str) -> TaskRecord:
         return self.records.setdefault(task_id, TaskRecord())
@@ -183,10 +184,18 @@ class TaskRunner(ABC):
 
     # -- calling the node ---------------------------------------------------------------------
 
+    def _task_key(self, task: Task, step: int) -> str:
+        """The idempotency key of ``task`` running at ``step`` (see ``idempotency_key_for``)."""
+        if self.anchor is None:  # a thread checkpointed before anchors existed
+            raw = f"{self.thread_id}\x00{task.task_id}".encode()
+            return hashlib.sha256(raw).hexdigest()[:32]
+        return idempotency_key_for(
+            self.thread_id, self.ns, self.anchor, step, task.node, task.push, task.index
+        )
+
     def _context(
         self, spec: NodeSpec, task: Task, rec: TaskRecord, step: int, attempt: int
     ) -> NodeContext:
-        key_src = f"{self.thread_id}\x00{task.task_id}".encode()
         emitter = self.emitter
         loop = asyncio.get_running_loop()
 
@@ -214,7 +223,7 @@ class TaskRunner(ABC):
             task_id=task.task_id,
             attempt=attempt,
             checkpoint_ns=self.ns,
-            idempotency_key=hashlib.sha256(key_src).hexdigest()[:32],
+            idempotency_key=self._task_key(task, step),
             memory=self.memory,
             _writer=lambda payload: emitter.emit_threadsafe("custom", payload),
             _effect_async=effect_async,
@@ -226,10 +235,11 @@ class TaskRunner(ABC):
     ) -> Any:
         if name in rec.effects:
             return self.serde.loads(rec.effects[name], channel=f"{EFFECT}{name}")
-        # The task's id (so ctx.idempotency_key) comes from its step's checkpoint. In `async` and
-        # `exit` durability that checkpoint may not be written yet; a crash would lose it and the
-        # re-run would get a new key. Commit it first, so a crash between the effect and its
-        # record re-runs the task under the same key, which the external system can dedupe.
+        # The effect's result is recorded against its step's checkpoint. In `async` and `exit`
+        # durability that checkpoint may not be written yet; commit it first, so the record has
+        # somewhere to go and a crash after it never re-invokes the effect. (A crash between
+        # the effect and its record re-runs the task under the same idempotency key, which the
+        # external system can dedupe.)
         await self._make_durable()
         result = await _maybe_await(fn())
         return await self._store_effect(task, rec, name, result)

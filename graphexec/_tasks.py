@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,9 @@ __all__ = [
     "Outcome",
     "Task",
     "TaskRecord",
+    "anchor_for",
+    "idempotency_key_for",
+    "random_anchor",
     "task_id_for",
 ]
 
@@ -92,12 +96,46 @@ class Frontier:
 
     tasks: list[Task] = field(default_factory=list)
     barriers: dict[int, list[str]] = field(default_factory=dict)
+    anchor: str | None = None
+    """What the tasks' idempotency keys derive from (see :func:`idempotency_key_for`);
+    ``None`` in checkpoints written before anchors existed."""
 
 
 def task_id_for(ns: str, checkpoint_id: str, node: str, push: bool, index: int) -> str:
     """Deterministic task id: the same task of the same checkpoint always gets the same id."""
     raw = f"{ns}\x00{checkpoint_id}\x00{node}\x00{int(push)}\x00{index}".encode()
     return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def anchor_for(*parts: str | bytes) -> str:
+    """A deterministic anchor: the hash of ``parts``, each length-prefixed (no ambiguity)."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()[:32]
+
+
+def random_anchor() -> str:
+    """An anchor no other run shares (replays, ``update_state`` branches, unsaved runs)."""
+    return uuid.uuid4().hex
+
+
+def idempotency_key_for(
+    thread_id: str | None, ns: str, anchor: str, step: int, node: str, push: bool, index: int
+) -> str:
+    """``ctx.idempotency_key`` of a task: stable across crashes, distinct for every task.
+
+    Task ids come from checkpoint ids, which a run creates as it goes; in ``async`` and
+    ``exit`` durability a crash can lose them, and a key built on them would change when the
+    lost steps run again. The key is built instead on the run's *anchor*, which is derived
+    only from durable facts -- the checkpoint the run started from and the input it applied
+    (or, for a subgraph, its parent task's key) -- and is carried in every checkpoint's
+    frontier, plus the task's step and its place in the step.
+    """
+    raw = f"{thread_id or ''}\x00{ns}\x00{anchor}\x00{step}\x00{node}\x00{int(push)}\x00{index}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
 class Emitter:

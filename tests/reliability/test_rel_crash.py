@@ -206,10 +206,9 @@ def _check_thread(
     if values != ref_values:
         diff = {k: (values.get(k), ref_values.get(k)) for k in ref_values if k != "messages"}
         problems.append(f"{where}: final state differs from a crash-free run: {diff}")
-    if contents != ref_contents and durability == "sync":
-        # async/exit: a step whose checkpoint was lost re-runs with new idempotency keys, so
-        # memory writes made with op_key repeat -- a known bug pinned by
-        # test_memory_writes_of_a_lost_step_are_not_repeated (xfail) below.
+    if contents != ref_contents:
+        # In every mode: a step whose checkpoint was lost re-runs under the same idempotency
+        # keys (anchored on durable facts), so memory writes made with op_key do not repeat.
         problems.append(f"{where}: memory differs from a crash-free run: {contents}")
     if tips != 1:
         problems.append(f"{where}: {tips} branch tips: history forked")
@@ -304,12 +303,6 @@ async def test_sigkill_and_resume_equals_a_crash_free_run(
         assert r.kills >= KILLS_PER_CASE, f"{d}: only {r.kills} kills landed (seed {SEED})"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: graphexec/_tasks.py task_id_for() derives task ids (and so ctx.idempotency_key "
-    "and the memory nodes' op_key) from checkpoint ids generated in the run; in exit/async "
-    "durability a crash loses those ids, the re-run gets new keys and memory writes repeat",
-)
 async def test_memory_writes_of_a_lost_step_are_not_repeated(tmp_path: Path) -> None:
     from memory import SqliteMemory
 
@@ -331,4 +324,4 @@ async def test_memory_writes_of_a_lost_step_are_not_repeated(tmp_path: Path) -> 
         assert state is not None and dict(state.values) == ref_values  # the state is right ...
         async with SqliteMemory.open(tmp_path / "memory.db") as mem:
             contents = await flows.memory_contents(mem)
-        assert contents["items"] == ref_contents["items"]  # ... but m0..m2 wrote twice
+        assert contents == ref_contents  # ... and m0..m2, run twice, wrote once
