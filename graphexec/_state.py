@@ -15,6 +15,8 @@ import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import count, repeat
+from types import NoneType
 from typing import Any, Literal, get_args, get_origin, get_type_hints, is_typeddict
 
 import pydantic
@@ -395,6 +397,20 @@ def _is_role_tuple(value: Any) -> bool:
     )
 
 
+def _id_index(messages: list[Any]) -> dict[str | None, int]:
+    """``{message id: position}`` (the last position for a repeated id).
+
+    Built on every update from the whole history, so its cost is what makes a long chat's
+    turns slower than its first ones. Histories of plain dicts with string ids (the common
+    case) are indexed by C-level ``map``/``zip``, about 5x faster than a per-message call.
+    """
+    if set(map(type, messages)) <= {dict}:
+        index: dict[Any, int] = dict(zip(map(dict.get, messages, repeat("id")), count()))
+        if set(map(type, index)) <= {str, NoneType}:
+            return index
+    return {_message_id(m): i for i, m in enumerate(messages)}
+
+
 class _AddMessages:
     """Id-aware message reducer (see :data:`add_messages`)."""
 
@@ -411,7 +427,7 @@ class _AddMessages:
 
     def __call__(self, current: Sequence[Any] | None, update: Any) -> list[Any]:
         merged = list(current or [])
-        index = {_message_id(m): i for i, m in enumerate(merged)}
+        index = _id_index(merged)
         for message in self.prepare(update):
             if isinstance(message, RemoveMessage):
                 if message.id == REMOVE_ALL_MESSAGES:
@@ -420,7 +436,7 @@ class _AddMessages:
                 if message.id not in index:
                     raise ValueError(f"RemoveMessage: no message with id {message.id!r}")
                 merged = [m for m in merged if _message_id(m) != message.id]
-                index = {_message_id(m): i for i, m in enumerate(merged)}
+                index = _id_index(merged)
                 continue
             mid = _message_id(message)
             if mid in index:

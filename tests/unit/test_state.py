@@ -9,6 +9,8 @@ from typing import Annotated, Any, TypedDict
 
 import pydantic
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from graphexec import (
     END,
@@ -21,7 +23,7 @@ from graphexec import (
     StateGraph,
     add_messages,
 )
-from graphexec._state import StateSchema
+from graphexec._state import StateSchema, _id_index, _message_id
 
 
 def merge(current: dict[str, int], update: dict[str, int]) -> dict[str, int]:
@@ -422,3 +424,27 @@ def test_initial_values_are_fresh_objects(schema: Any) -> None:
 
 def test_typeddict_has_no_initial_values() -> None:
     assert StateSchema(State).initial_values() == {}
+
+
+_ids = st.one_of(st.none(), st.sampled_from(["a", "b", "c"]), st.integers(0, 3))
+_messages = st.lists(
+    st.one_of(
+        st.builds(lambda i: {"role": "user", "id": i}, _ids),
+        st.builds(lambda: {"role": "user"}),
+        st.builds(lambda i: _Msg(id=i), _ids),
+    ),
+    max_size=12,
+)
+
+
+@dataclasses.dataclass
+class _Msg:
+    id: Any
+
+
+@given(_messages)
+def test_message_id_index_equals_the_per_message_definition(messages: list[Any]) -> None:
+    # The fast path (plain dicts, string ids) and the fallback (int ids, objects, mixes) both
+    # agree with the definition: every message's id as add_messages sees it, last position wins.
+    expected = {_message_id(m): i for i, m in enumerate(messages)}
+    assert _id_index(messages) == expected
