@@ -154,8 +154,10 @@ class CompiledGraph(Generic[StateT]):
         tasks = [[t.node, t.push, t.index, t.arg] for t in frontier.tasks]
         barriers = [[i, seen] for i, seen in sorted(frontier.barriers.items())]
         data: dict[str, Any] = {"t": tasks, "b": barriers}
-        if frontier.anchor is not None:
-            data["k"] = frontier.anchor
+        if frontier.anchor is not None and tasks:
+            # 16 raw bytes, not 32 hex characters: it is stored with every checkpoint. A
+            # frontier without tasks needs none: nothing resumes from it.
+            data["k"] = bytes.fromhex(frontier.anchor)
         return self.serde.dumps(data, channel="__frontier__")
 
     def decode_frontier(self, checkpoint: Checkpoint) -> Frontier:
@@ -170,7 +172,7 @@ class CompiledGraph(Generic[StateT]):
         return Frontier(
             tasks,
             {int(i): list(seen) for i, seen in data["b"]},
-            anchor if isinstance(anchor, str) else None,
+            anchor.hex() if isinstance(anchor, bytes) else None,
         )
 
     def materialize(
