@@ -125,14 +125,20 @@ async def test_a_paused_owner_waking_after_a_takeover_is_rejected(
             "thread": "t",
             "nap_scale": 25.0,
         }
+        # stderr goes to a file and stdout is read through one file object only: reading it
+        # by line iteration and then by communicate() (which reads the raw descriptor) can
+        # lose lines the iteration had buffered.
+        stderr_file = (tmp_path / "sleeper.stderr").open("w")
         sleeper = subprocess.Popen(
             [sys.executable, str(REL_WORKER), json.dumps(spec)],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=stderr_file,
             text=True,
         )
         assert sleeper.stdout is not None
+        seen: list[str] = []
         for line in sleeper.stdout:
+            seen.append(line.strip())
             if line.strip() == "COMMIT 3":
                 break
         os.kill(sleeper.pid, signal.SIGSTOP)  # frozen mid-run: no heartbeat, lease expires
@@ -148,13 +154,17 @@ async def test_a_paused_owner_waking_after_a_takeover_is_rejected(
             assert rescuer.returncode == 0 and "DONE" in rescuer.stdout, rescuer.stderr
         finally:
             os.kill(sleeper.pid, signal.SIGCONT)
-        out, err = await asyncio.to_thread(sleeper.communicate, timeout=60)
-        last = out.strip().splitlines()[-1] if out.strip() else ""
-        assert sleeper.returncode == 3, (sleeper.returncode, out, err)
-        assert last.split()[:2] in (
+        rest = await asyncio.to_thread(sleeper.stdout.read)
+        await asyncio.to_thread(sleeper.wait, 60)
+        sleeper.stdout.close()
+        stderr_file.close()
+        lines = seen + rest.strip().splitlines()
+        err = (tmp_path / "sleeper.stderr").read_text()
+        assert sleeper.returncode == 3, (sleeper.returncode, lines, err)
+        assert lines[-1].split()[:2] in (
             ["ERROR", "LeaseLostError"],
             ["ERROR", "CheckpointConflictError"],
-        ), last
+        ), (lines, err)
         STATS.add("hostile", kind="stale owners rejected")
         async with backend.open() as cp:
             graph = flows.build("linear", cp, None, tmp_path)
