@@ -28,10 +28,8 @@ of one search are slices of that one fused ranking (the cursor carries its depth
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import functools
-import hashlib
 import heapq
 import importlib
 import json
@@ -39,17 +37,40 @@ import math
 import os
 import sqlite3
 import threading
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, Self
+from typing import Any, Literal, Self
 
 from checkpointers._sqlite_db import SqliteDatabase, fetch
 from graphexec.errors import MemoryStoreError
+from memory._archival_common import (
+    DEPTH_FACTOR,
+    MAX_QUERY_TERMS,
+    MAX_TOP_K,
+    MIN_DEPTH,
+    RRF_K,
+    NamespaceState,
+    NewPassage,
+    PassageRow,
+    Seqs,
+    check_embedder,
+    check_limit,
+    check_metadata,
+    check_namespace,
+    check_passage,
+    check_str,
+    check_tags,
+    check_time,
+    cursor_digest,
+    decode_cursor,
+    encode_cursor,
+    now_us,
+    passage_of,
+    state_of,
+)
 from memory._base import ArchivalHit, ArchivalStore, Namespace, Passage, SearchPage
 from memory._text import STOPWORDS, rrf, stem, words
 from memory.embedders import Embedder, HashingEmbedder, cosine_many, to_bytes
@@ -62,18 +83,11 @@ except ImportError:  # pragma: no cover - numpy is installed wherever the tests 
     _np = None
 
 VERSION_TABLE = "graphexec_archival_schema"
-MAX_TOP_K = 1000
-"""Largest ``top_k`` (and ``list`` limit) accepted."""
-MIN_DEPTH = 50
-"""Candidates taken from each list before fusion: ``max(MIN_DEPTH, DEPTH_FACTOR * top_k)``."""
-DEPTH_FACTOR = 5
 MIN_COVERAGE = 0.5
 """Fraction of the query's distinct terms a passage needs to be a keyword candidate."""
-RRF_K = 60
-MAX_QUERY_TERMS = 32
-"""Distinct query words considered for keyword search; the rest of a longer query is ignored."""
 MAX_KEYWORD_TERMS = 8
-"""Of those, the most selective ones (fewest passages) that the keyword query uses."""
+"""Of the query's words (up to :data:`~memory._archival_common.MAX_QUERY_TERMS`), the most
+selective ones (fewest passages) that the keyword query uses."""
 COMMON_TERM_SHARE = 0.25
 COMMON_TERM_FLOOR = 5000
 """A word found in more than ``max(COMMON_TERM_FLOOR, COMMON_TERM_SHARE * passages)`` passages
@@ -82,8 +96,6 @@ rare word's, and scoring every passage that holds it would dominate the search's
 _CHUNK = 4096
 _DIGITS = 6  # similarity digits that count: float32 carries about seven
 _PARALLEL_ROWS = 20_000  # score bigger matrices in a worker thread, off the event loop
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
 
 MIGRATIONS: tuple[str, ...] = (
     # 0: the version table (SqliteDatabase creates it before reading it)
@@ -219,49 +231,7 @@ _BUMP = """UPDATE archival_namespaces SET passages = passages + :added, version 
 # -- values ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class NewPassage:
-    """One passage for :meth:`SqliteArchivalStore.insert_many`.
-
-    Attributes:
-        text: The passage (non-empty).
-        tags: Its tags (non-empty strings).
-        metadata: JSON-compatible metadata.
-        op_key: Makes this insert idempotent, as in :meth:`SqliteArchivalStore.insert`.
-    """
-
-    text: str
-    tags: Sequence[str] = ()
-    metadata: Mapping[str, Any] | None = None
-    op_key: str | None = None
-
-
-_Seqs = list[int]
 _Heap = list[tuple[float, int]]
-
-
-class _State(NamedTuple):
-    nsid: int
-    embedder: str | None
-    dim: int | None
-    passages: int
-    version: int
-    epoch: int
-    file_passages: int = -1
-    """Passages of every namespace in the file (search only; -1 when not read)."""
-    file_version: int = -1
-    """Sum of every namespace's version: changes with any write to the file (search only)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """A validated passage ready to write (the vector comes later)."""
-
-    id: str
-    text: str
-    tags: tuple[str, ...]
-    metadata: str
-    op_key: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,122 +261,6 @@ class _Filters:
         if self.before is not None:
             params["before"] = self.before
         return params
-
-
-# -- validation ------------------------------------------------------------------------------
-
-
-def _check_str(value: object, what: str, *, blank_ok: bool = False) -> str:
-    if not isinstance(value, str):
-        raise MemoryStoreError(f"archival {what} must be a str, got {type(value).__name__}")
-    if not blank_ok and not value.strip():
-        raise MemoryStoreError(f"archival {what} must not be empty or blank")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise MemoryStoreError(f"archival {what} is not valid Unicode text ({e.reason})") from e
-    return value
-
-
-def _check_namespace(namespace: object) -> Namespace:
-    if not isinstance(namespace, tuple):
-        raise MemoryStoreError(
-            f"archival namespace must be a tuple of strings, got {namespace!r}; e.g. ('user', '42')"
-        )
-    for part in namespace:
-        if not isinstance(part, str) or not part:
-            raise MemoryStoreError(
-                f"archival namespace {namespace!r}: every part must be a non-empty str"
-            )
-        _check_str(part, "namespace part")
-    return namespace
-
-
-def _check_tags(tags: object, what: str = "tags") -> tuple[str, ...]:
-    if isinstance(tags, str | bytes) or not isinstance(tags, Iterable):
-        raise MemoryStoreError(
-            f"archival {what} must be a sequence of strings, got {tags!r}; for one tag write "
-            f"[{tags!r}]"
-        )
-    out: dict[str, None] = {}
-    for tag in tags:
-        if not isinstance(tag, str) or not tag:
-            raise MemoryStoreError(
-                f"archival {what}: every tag must be a non-empty str, got {tag!r}"
-            )
-        out[_check_str(tag, "tag", blank_ok=True)] = None
-    return tuple(out)
-
-
-def _check_json(value: object, path: str) -> None:
-    if value is None or isinstance(value, bool | int | str):
-        if isinstance(value, str):
-            _check_str(value, f"metadata value at {path}", blank_ok=True)
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise MemoryStoreError(f"archival metadata at {path} is {value}: JSON has no NaN/inf")
-        return
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_json(item, f"{path}[{i}]")
-        return
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise MemoryStoreError(f"archival metadata at {path}: key {key!r} is not a str")
-            _check_json(item, f"{path}[{key!r}]")
-        return
-    raise MemoryStoreError(
-        f"archival metadata at {path} is a {type(value).__name__}, which is not JSON-compatible "
-        "(use dicts, lists, str, int, float, bool or None)"
-    )
-
-
-def _check_metadata(metadata: object) -> str:
-    if metadata is None:
-        return "{}"
-    if not isinstance(metadata, Mapping):
-        raise MemoryStoreError(f"archival metadata must be a mapping, got {metadata!r}")
-    _check_json(metadata, "metadata")
-    return json.dumps(metadata, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-def _check_op_key(op_key: object) -> str | None:
-    return None if op_key is None else _check_str(op_key, "op_key")
-
-
-def _check_time(value: object, name: str) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, datetime) or value.utcoffset() is None:
-        raise MemoryStoreError(
-            f"archival search {name}= must be a timezone-aware datetime (e.g. "
-            f"datetime.now(UTC)), got {value!r}"
-        )
-    return (value - _EPOCH) // _US
-
-
-def _check_limit(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOP_K:
-        raise MemoryStoreError(
-            f"archival {name} must be an int from 1 to {MAX_TOP_K}, got {value!r}"
-        )
-    return value
-
-
-def _row(passage: NewPassage | str) -> _Row:
-    if isinstance(passage, str):
-        passage = NewPassage(passage)
-    elif not isinstance(passage, NewPassage):
-        raise MemoryStoreError(f"insert_many takes str or NewPassage items, got {passage!r}")
-    return _Row(
-        id=str(uuid.uuid4()),
-        text=_check_str(passage.text, "passage text"),
-        tags=_check_tags(passage.tags),
-        metadata=_check_metadata(passage.metadata),
-        op_key=_check_op_key(passage.op_key),
-    )
 
 
 # -- query text and cursors ------------------------------------------------------------------
@@ -463,83 +317,6 @@ def select_terms(terms: Sequence[str], counts: Sequence[int], total: int) -> lis
     return [terms[i] for _, i in kept[:MAX_KEYWORD_TERMS]]
 
 
-def _digest(*parts: object) -> str:
-    text = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
-
-
-def _encode_cursor(payload: Mapping[str, Any]) -> str:
-    raw = json.dumps(payload, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def _decode_cursor(cursor: object, kind: str, digest: str, fields: Sequence[str]) -> list[int]:
-    if not isinstance(cursor, str):
-        raise MemoryStoreError(f"archival cursor must be a str, got {cursor!r}")
-    try:
-        payload = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise MemoryStoreError(
-            "invalid archival cursor: pass back the cursor a previous page returned"
-        ) from e
-    values = [payload.get(f) for f in fields] if isinstance(payload, dict) else []
-    if (
-        not isinstance(payload, dict)
-        or payload.get("k") != kind
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
-    ):
-        raise MemoryStoreError(
-            f"invalid archival cursor for {kind}(): pass back the cursor a previous page returned"
-        )
-    if payload.get("h") != digest:
-        raise MemoryStoreError(
-            f"this cursor belongs to a different {kind}(): the query, filters or namespace "
-            "changed; repeat the first call without a cursor"
-        )
-    return [int(v) for v in values if isinstance(v, int)]
-
-
-# -- rows ------------------------------------------------------------------------------------
-
-_clock_lock = threading.Lock()
-_last_us = 0
-
-
-def _now_us() -> int:
-    """Microseconds since the epoch, strictly increasing within this process."""
-    global _last_us
-    with _clock_lock:
-        _last_us = max(time.time_ns() // 1000, _last_us + 1)
-        return _last_us
-
-
-def _passage(row: Sequence[Any]) -> Passage:
-    _, pid, text, metadata, created_at, tags = row
-    return Passage(
-        id=pid,
-        text=text,
-        tags=tuple(json.loads(tags)),
-        metadata=json.loads(metadata),
-        created_at=_EPOCH + int(created_at) * _US,
-    )
-
-
-def _state(rows: Sequence[Sequence[Any]]) -> _State | None:
-    return _State(*rows[0]) if rows else None
-
-
-def _mismatch(state: _State | None, embedder: str, dim: int, namespace: Namespace) -> None:
-    if state is None or state.passages == 0 or state.embedder is None:
-        return
-    if (state.embedder, state.dim) != (embedder, dim):
-        raise MemoryStoreError(
-            f"archival namespace {namespace!r} holds vectors from embedder {state.embedder!r} "
-            f"(dim {state.dim}), but this store uses {embedder!r} (dim {dim}); vectors of "
-            "different models cannot be compared. Open the store with the same embedder, or "
-            "call reembed() to recompute every vector with this one"
-        )
-
-
 def _insert_rows(
     db: sqlite3.Connection,
     *,
@@ -547,11 +324,11 @@ def _insert_rows(
     namespace: Namespace,
     embedder: str,
     dim: int,
-    rows: Sequence[tuple[_Row, bytes]],
+    rows: Sequence[tuple[PassageRow, bytes]],
 ) -> list[str]:
     """Transaction body: insert rows (skipping known op keys) and bump the namespace."""
-    state = _state(fetch(db, _STATE, {"ns": ns}))
-    _mismatch(state, embedder, dim, namespace)
+    state = state_of(fetch(db, _STATE, {"ns": ns}))
+    check_embedder(state, embedder, dim, namespace)
     if state is None:
         [(nsid,)] = fetch(
             db, "INSERT INTO archival_namespaces (ns) VALUES (:ns) RETURNING nsid", {"ns": ns}
@@ -584,7 +361,7 @@ def _insert_rows(
                 "nsid": nsid,
                 "text": row.text,
                 "metadata": row.metadata,
-                "created_at": _now_us(),
+                "created_at": now_us(),
                 "embedder": embedder,
                 "dim": dim,
                 "vector": vector,
@@ -779,7 +556,7 @@ class SqliteArchivalStore(ArchivalStore):
         namespace: tuple[str, ...] = (),
         embedder: Embedder | None = None,
     ) -> None:
-        namespace = _check_namespace(namespace)
+        namespace = check_namespace(namespace)
         database = ":memory:" if path is None else path
         db = SqliteDatabase(
             database,
@@ -790,7 +567,7 @@ class SqliteArchivalStore(ArchivalStore):
         self._init(_Shared(db, embedder if embedder is not None else HashingEmbedder()), namespace)
 
     def _init(self, shared: _Shared, namespace: object) -> None:
-        self.namespace = _check_namespace(namespace)
+        self.namespace = check_namespace(namespace)
         self._ns = json.dumps(list(self.namespace), ensure_ascii=False, separators=(",", ":"))
         self._shared = shared
 
@@ -894,7 +671,7 @@ class SqliteArchivalStore(ArchivalStore):
         )
         return str(rows[0][0]) if rows else None
 
-    async def _write_rows(self, rows: Sequence[_Row], vectors: Sequence[bytes]) -> list[str]:
+    async def _write_rows(self, rows: Sequence[PassageRow], vectors: Sequence[bytes]) -> list[str]:
         embedder = self._shared.embedder
         body = functools.partial(
             _insert_rows,
@@ -933,7 +710,7 @@ class SqliteArchivalStore(ArchivalStore):
             MemoryStoreError: Invalid input (nothing is written), or the namespace holds
                 vectors of another embedder.
         """
-        row = _row(NewPassage(text, tags=tags, metadata=metadata, op_key=op_key))
+        row = check_passage(NewPassage(text, tags=tags, metadata=metadata, op_key=op_key))
         if row.op_key is not None:
             known = await self._known_op_key(row.op_key)
             if known is not None:
@@ -962,7 +739,7 @@ class SqliteArchivalStore(ArchivalStore):
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise MemoryStoreError(f"batch_size must be a positive int, got {batch_size!r}")
-        rows = [_row(p) for p in passages]
+        rows = [check_passage(p) for p in passages]
         ids: list[str] = []
         for start in range(0, len(rows), batch_size):
             batch = rows[start : start + batch_size]
@@ -988,10 +765,10 @@ class SqliteArchivalStore(ArchivalStore):
             MemoryStoreError: Invalid input or an unknown id (nothing is written), or a text
                 change in a namespace that holds another embedder's vectors.
         """
-        _check_str(passage_id, "passage id")
-        new_text = None if text is None else _check_str(text, "passage text")
-        new_tags = None if tags is None else _check_tags(tags)
-        new_meta = None if metadata is None else _check_metadata(metadata)
+        check_str(passage_id, "passage id")
+        new_text = None if text is None else check_str(text, "passage text")
+        new_tags = None if tags is None else check_tags(tags)
+        new_meta = None if metadata is None else check_metadata(metadata)
         vector = None if new_text is None else (await self._embed([new_text]))[0]
         ns, namespace = self._ns, self.namespace
         embedder, dim = self._shared.embedder.name, self._shared.embedder.dim
@@ -1010,7 +787,7 @@ class SqliteArchivalStore(ArchivalStore):
             [(seq, nsid)] = found
             key = {"seq": seq, "nsid": nsid}
             if vector is not None:
-                _mismatch(_state(fetch(db, _STATE, {"ns": ns})), embedder, dim, namespace)
+                check_embedder(state_of(fetch(db, _STATE, {"ns": ns})), embedder, dim, namespace)
                 fetch(
                     db,
                     """UPDATE archival_passages SET text = :text, vector = :vector,
@@ -1033,13 +810,13 @@ class SqliteArchivalStore(ArchivalStore):
                 {**key, "added": 0, "vectors_changed": changed, "embedder": None, "dim": None},
             )
             [row] = fetch(db, _BY_SEQS, {"nsid": nsid, "seqs": json.dumps([seq])})
-            return _passage(row)
+            return passage_of(row)
 
         return await self._shared.db.write("archival update", body)
 
     async def delete(self, passage_id: str) -> bool:
         """Delete a passage with its tags, full-text entry and vector. Whether it existed."""
-        _check_str(passage_id, "passage id", blank_ok=True)
+        check_str(passage_id, "passage id", blank_ok=True)
         ns = self._ns
 
         def body(db: sqlite3.Connection) -> bool:
@@ -1083,7 +860,7 @@ class SqliteArchivalStore(ArchivalStore):
         embedder, dim = self._shared.embedder.name, self._shared.embedder.dim
 
         def claim(db: sqlite3.Connection) -> int | None:
-            state = _state(fetch(db, _STATE, {"ns": ns}))
+            state = state_of(fetch(db, _STATE, {"ns": ns}))
             if state is None:
                 return None
             fetch(
@@ -1137,11 +914,11 @@ class SqliteArchivalStore(ArchivalStore):
 
     async def get(self, passage_id: str) -> Passage | None:
         """A passage of this namespace by id, or ``None``."""
-        _check_str(passage_id, "passage id", blank_ok=True)
+        check_str(passage_id, "passage id", blank_ok=True)
         rows = await self._shared.db.read(
             "archival get", _BY_ID, {"ns": self._ns, "id": passage_id}
         )
-        return _passage(rows[0]) if rows else None
+        return passage_of(rows[0]) if rows else None
 
     async def list(
         self, *, tags: Sequence[str] | None = None, limit: int = 100, cursor: str | None = None
@@ -1159,15 +936,15 @@ class SqliteArchivalStore(ArchivalStore):
         Raises:
             MemoryStoreError: Invalid arguments, or a cursor from another call.
         """
-        wanted = _check_tags(tags, "tags filter") if tags is not None else ()
-        limit = _check_limit(limit, "list limit")
-        digest = _digest("list", self._ns, sorted(wanted))
+        wanted = check_tags(tags, "tags filter") if tags is not None else ()
+        limit = check_limit(limit, "list limit")
+        digest = cursor_digest("list", self._ns, sorted(wanted))
         filters = _LIST_TAGS if wanted else ""
         params: dict[str, Any] = {"ns": self._ns, "limit": limit + 1}
         if wanted:
             params["tags"] = json.dumps(wanted)
         if cursor is not None:
-            at, seq = _decode_cursor(cursor, "list", digest, ("at", "s"))
+            at, seq = decode_cursor(cursor, "list", digest, ("at", "s"))
             filters += _LIST_AFTER_CURSOR
             params.update(at=at, seq=seq)
         rows = await self._shared.db.read("archival list", _LIST.format(filters=filters), params)
@@ -1175,8 +952,8 @@ class SqliteArchivalStore(ArchivalStore):
         next_cursor = None
         if len(rows) > limit:
             last = page[-1]
-            next_cursor = _encode_cursor({"k": "list", "h": digest, "at": last[4], "s": last[0]})
-        return SearchPage([ArchivalHit(_passage(r), 0.0) for r in page], next_cursor)
+            next_cursor = encode_cursor({"k": "list", "h": digest, "at": last[4], "s": last[0]})
+        return SearchPage([ArchivalHit(passage_of(r), 0.0) for r in page], next_cursor)
 
     async def search(
         self,
@@ -1210,28 +987,28 @@ class SqliteArchivalStore(ArchivalStore):
             MemoryStoreError: Invalid arguments, a cursor from another search, or a namespace
                 that holds another embedder's vectors.
         """
-        _check_str(query, "search query", blank_ok=True)
-        top_k = _check_limit(top_k, "top_k")
+        check_str(query, "search query", blank_ok=True)
+        top_k = check_limit(top_k, "top_k")
         if tag_mode not in ("any", "all"):
             raise MemoryStoreError(f"tag_mode must be 'any' or 'all', got {tag_mode!r}")
-        wanted = _check_tags(tags, "tags filter") if tags is not None else ()
+        wanted = check_tags(tags, "tags filter") if tags is not None else ()
         filters = _Filters(
-            wanted or None, tag_mode, _check_time(after, "after"), _check_time(before, "before")
+            wanted or None, tag_mode, check_time(after, "after"), check_time(before, "before")
         )
-        digest = _digest(
+        digest = cursor_digest(
             "search", self._ns, query, sorted(wanted), tag_mode, filters.after, filters.before
         )
         if cursor is None:
             offset, depth = 0, max(MIN_DEPTH, DEPTH_FACTOR * top_k)
         else:
-            offset, depth = _decode_cursor(cursor, "search", digest, ("o", "d"))
+            offset, depth = decode_cursor(cursor, "search", digest, ("o", "d"))
             if not 1 <= depth <= DEPTH_FACTOR * MAX_TOP_K:
                 raise MemoryStoreError("invalid archival cursor: pass back the one a page returned")
-        state = _state(
+        state = state_of(
             await self._shared.db.read("archival search", _SEARCH_STATE, {"ns": self._ns})
         )
         embedder = self._shared.embedder
-        _mismatch(state, embedder.name, embedder.dim, self.namespace)
+        check_embedder(state, embedder.name, embedder.dim, self.namespace)
         if state is None or state.passages <= 0:
             return SearchPage()
         by_vector, by_keyword = await asyncio.gather(
@@ -1245,17 +1022,17 @@ class SqliteArchivalStore(ArchivalStore):
             _BY_SEQS,
             {"nsid": state.nsid, "seqs": json.dumps([seq for seq, _ in page])},
         )
-        found = {r[0]: _passage(r) for r in rows}
+        found = {r[0]: passage_of(r) for r in rows}
         hits = [ArchivalHit(found[seq], score) for seq, score in page if seq in found]
         end = offset + top_k
         next_cursor = (
-            _encode_cursor({"k": "search", "h": digest, "o": end, "d": depth})
+            encode_cursor({"k": "search", "h": digest, "o": end, "d": depth})
             if end < len(fused)
             else None
         )
         return SearchPage(hits, next_cursor)
 
-    async def _term_counts(self, terms: Sequence[str], file_version: int) -> _Seqs:
+    async def _term_counts(self, terms: Sequence[str], file_version: int) -> Seqs:
         """Passages (in the whole file) matching each term, cached until the file changes."""
         shared = self._shared
         if shared.term_counts_version != file_version or len(shared.term_counts) > 50_000:
@@ -1274,8 +1051,8 @@ class SqliteArchivalStore(ArchivalStore):
         return [cache[t] for t in terms]
 
     async def _keyword_candidates(
-        self, query: str, state: _State, filters: _Filters, depth: int
-    ) -> _Seqs:
+        self, query: str, state: NamespaceState, filters: _Filters, depth: int
+    ) -> Seqs:
         candidates = fts_terms(query)
         if not candidates:
             return []
@@ -1308,8 +1085,8 @@ class SqliteArchivalStore(ArchivalStore):
         return [int(r[0]) for r in rows]
 
     async def _vector_candidates(
-        self, query: str, state: _State, filters: _Filters, depth: int
-    ) -> _Seqs:
+        self, query: str, state: NamespaceState, filters: _Filters, depth: int
+    ) -> Seqs:
         if not query.strip():
             return []
         embedder = self._shared.embedder
@@ -1317,7 +1094,7 @@ class SqliteArchivalStore(ArchivalStore):
         if _np is None:
             return await self._scan_vectors(qvec, state, filters, depth)
         cache = await self._cache(state)
-        allowed: _Seqs | None = None
+        allowed: Seqs | None = None
         if filters.tags:
             rows = await self._shared.db.read(
                 "archival search",
@@ -1340,7 +1117,7 @@ class SqliteArchivalStore(ArchivalStore):
             return await asyncio.to_thread(lambda: _top_vectors(snapshot, qvec, **args))
         return _top_vectors(snapshot, qvec, **args)
 
-    async def _cache(self, state: _State) -> _VectorCache:
+    async def _cache(self, state: NamespaceState) -> _VectorCache:
         """This namespace's vector cache, brought up to ``state`` (loading what is missing)."""
         db = self._shared.db
         return await load_vector_cache(
@@ -1351,8 +1128,8 @@ class SqliteArchivalStore(ArchivalStore):
         )
 
     async def _scan_vectors(
-        self, qvec: Sequence[float], state: _State, filters: _Filters, depth: int
-    ) -> _Seqs:
+        self, qvec: Sequence[float], state: NamespaceState, filters: _Filters, depth: int
+    ) -> Seqs:
         """Pure-Python vector candidates: read the filtered vectors in chunks and score them."""
         db = self._shared.db
         sql = _VECTORS.format(filters=filters.sql())
@@ -1374,7 +1151,7 @@ VectorReader = Callable[[dict[str, Any]], Awaitable[Sequence[Sequence[Any]]]]
 async def load_vector_cache(
     caches: dict[int, _VectorCache],
     embedder: Embedder,
-    state: _State,
+    state: NamespaceState,
     read: VectorReader,
 ) -> _VectorCache:
     """The namespace's vector cache in ``caches``, brought up to ``state``.
@@ -1420,7 +1197,7 @@ async def scan_vectors(
     embedder: Embedder,
     qvec: Sequence[float],
     depth: int,
-) -> _Seqs:
+) -> Seqs:
     """Pure-Python vector candidates (no numpy): score the filtered vectors chunk by chunk."""
     params: dict[str, Any] = {
         **filter_params,

@@ -16,12 +16,14 @@ from typing import Any
 
 import pytest
 
+import memory._archival_common as common
 import memory._sqlite_archival as arch
 from checkpointers import SqliteCheckpointer
 from graphexec.errors import MemoryStoreError, StorageError
 from graphexec.testing import assert_eventually
+from memory._archival_common import NewPassage
 from memory._base import SearchPage
-from memory._sqlite_archival import NewPassage, SqliteArchivalStore
+from memory._sqlite_archival import SqliteArchivalStore
 from memory.embedders import Vector
 
 TEXTS = [
@@ -218,7 +220,9 @@ async def test_common_words_are_left_to_vector_search(
         ids = await store.insert_many(TEXTS)
         monkeypatch.setattr(arch, "COMMON_TERM_FLOOR", 0)
         monkeypatch.setattr(arch, "COMMON_TERM_SHARE", 0.0)  # every word counts as common
-        st = arch._state(await store._shared.db.read("t", arch._SEARCH_STATE, {"ns": store._ns}))
+        st = common.state_of(
+            await store._shared.db.read("t", arch._SEARCH_STATE, {"ns": store._ns})
+        )
         assert st is not None
         filters = arch._Filters(None, "any", None, None)
         assert await store._keyword_candidates("blender refund", st, filters, 50) == []
@@ -289,6 +293,6 @@ async def test_a_tampered_cursor_is_refused(tmp_path: Path) -> None:
         assert page.cursor is not None
         payload = json.loads(base64.urlsafe_b64decode(page.cursor + "=" * (-len(page.cursor) % 4)))
         for depth in (0, 10**9):
-            forged = arch._encode_cursor({**payload, "d": depth})
+            forged = common.encode_cursor({**payload, "d": depth})
             with pytest.raises(MemoryStoreError, match="invalid archival cursor"):
                 await store.search("invoice", top_k=2, cursor=forged)

@@ -1,4 +1,4 @@
-"""memory._sqlite_archival's pure parts: FTS5 query terms, cursors, validation, vector ranking."""
+"""The archival stores' pure parts: FTS5 query terms, cursors, validation, vector ranking."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import memory._archival_common as common
 import memory._sqlite_archival as arch
 from graphexec.errors import MemoryStoreError
 from memory.embedders import cosine_many, to_bytes
@@ -54,7 +55,7 @@ def test_hyphenated_compounds_match_either_spelling() -> None:
 
 def test_terms_are_capped() -> None:
     query = " ".join(f"word{i}" for i in range(100))
-    assert len(arch.fts_terms(query)) == arch.MAX_QUERY_TERMS
+    assert len(arch.fts_terms(query)) == common.MAX_QUERY_TERMS
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +111,12 @@ def test_select_terms_drops_common_words_and_keeps_the_rarest() -> None:
 
 
 def test_cursor_round_trip_and_misuse() -> None:
-    cursor = arch._encode_cursor({"k": "search", "h": "abc", "o": 10, "d": 50})
-    assert arch._decode_cursor(cursor, "search", "abc", ("o", "d")) == [10, 50]
+    cursor = common.encode_cursor({"k": "search", "h": "abc", "o": 10, "d": 50})
+    assert common.decode_cursor(cursor, "search", "abc", ("o", "d")) == [10, 50]
     with pytest.raises(MemoryStoreError, match="different search"):
-        arch._decode_cursor(cursor, "search", "xyz", ("o", "d"))
+        common.decode_cursor(cursor, "search", "xyz", ("o", "d"))
     with pytest.raises(MemoryStoreError, match="invalid archival cursor for list"):
-        arch._decode_cursor(cursor, "list", "abc", ("at", "s"))
+        common.decode_cursor(cursor, "list", "abc", ("at", "s"))
 
 
 @pytest.mark.parametrize(
@@ -124,51 +125,51 @@ def test_cursor_round_trip_and_misuse() -> None:
         "",
         "!!!",
         "bm90IGpzb24",
-        arch._encode_cursor({"k": "search", "h": "abc", "o": -1, "d": 50}),
-        arch._encode_cursor({"k": "search", "h": "abc", "o": True, "d": 50}),
-        arch._encode_cursor({"k": "search", "h": "abc", "o": "1", "d": 50}),
-        arch._encode_cursor({"k": "search", "h": "abc", "o": 1}),
+        common.encode_cursor({"k": "search", "h": "abc", "o": -1, "d": 50}),
+        common.encode_cursor({"k": "search", "h": "abc", "o": True, "d": 50}),
+        common.encode_cursor({"k": "search", "h": "abc", "o": "1", "d": 50}),
+        common.encode_cursor({"k": "search", "h": "abc", "o": 1}),
         json.dumps([1, 2]),
         42,
     ],
 )
 def test_bad_cursors_are_refused(cursor: Any) -> None:
     with pytest.raises(MemoryStoreError):
-        arch._decode_cursor(cursor, "search", "abc", ("o", "d"))
+        common.decode_cursor(cursor, "search", "abc", ("o", "d"))
 
 
 # -- validation --------------------------------------------------------------------------------
 
 
 def test_tags_are_deduplicated_in_order() -> None:
-    assert arch._check_tags(["b", "a", "b", "c", "a"]) == ("b", "a", "c")
-    assert arch._check_tags(iter(["x"])) == ("x",)
+    assert common.check_tags(["b", "a", "b", "c", "a"]) == ("b", "a", "c")
+    assert common.check_tags(iter(["x"])) == ("x",)
     with pytest.raises(MemoryStoreError, match=r"for one tag write \['travel'\]"):
-        arch._check_tags("travel")
+        common.check_tags("travel")
 
 
 def test_metadata_must_round_trip_as_json() -> None:
-    assert json.loads(arch._check_metadata({"a": [1, 2.5, None, True, {"b": "é"}]})) == {
+    assert json.loads(common.check_metadata({"a": [1, 2.5, None, True, {"b": "é"}]})) == {
         "a": [1, 2.5, None, True, {"b": "é"}]
     }
-    assert arch._check_metadata(None) == "{}"
+    assert common.check_metadata(None) == "{}"
     for bad in ({"x": float("inf")}, {"x": b"bytes"}, {("t",): 1}, {"x": "\udc00"}, [1]):
         with pytest.raises(MemoryStoreError):
-            arch._check_metadata(bad)
+            common.check_metadata(bad)
 
 
 def test_times_must_be_aware() -> None:
     moment = datetime(2025, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
     shifted = moment.astimezone(timezone(timedelta(hours=9)))
-    assert arch._check_time(moment, "after") == arch._check_time(shifted, "after")
-    assert arch._EPOCH + arch._check_time(moment, "after") * arch._US == moment  # type: ignore[operator]
-    assert arch._check_time(None, "after") is None
+    assert common.check_time(moment, "after") == common.check_time(shifted, "after")
+    assert common._EPOCH + common.check_time(moment, "after") * common._US == moment  # type: ignore[operator]
+    assert common.check_time(None, "after") is None
     with pytest.raises(MemoryStoreError, match="timezone-aware"):
-        arch._check_time(datetime(2025, 5, 1), "after")
+        common.check_time(datetime(2025, 5, 1), "after")
 
 
 def test_clock_is_strictly_increasing() -> None:
-    stamps = [arch._now_us() for _ in range(1000)]
+    stamps = [common.now_us() for _ in range(1000)]
     assert stamps == sorted(set(stamps))
 
 
