@@ -76,15 +76,15 @@ from memory._pg_passages import (
     insert_rows,
     keyword_terms,
 )
-from memory._sqlite_archival import (
-    _PARALLEL_ROWS,
-    _np,
-    _top_vectors,
-    _VectorCache,
-    load_vector_cache,
-    scan_vectors,
-)
 from memory._text import rrf
+from memory._vectors import (
+    PARALLEL_ROWS,
+    VectorCache,
+    load_vector_cache,
+    np,
+    scan_vectors,
+    top_vectors,
+)
 from memory.embedders import Embedder, HashingEmbedder, to_bytes
 
 __all__ = ["PostgresArchivalStore"]
@@ -99,7 +99,7 @@ class _Shared:
         self.db = db
         self.embedder = embedder
         self.owns = owns
-        self.caches: dict[int, _VectorCache] = {}
+        self.caches: dict[int, VectorCache] = {}
 
 
 class PostgresArchivalStore(ArchivalStore):
@@ -643,7 +643,7 @@ class PostgresArchivalStore(ArchivalStore):
             return []
         embedder = self._shared.embedder
         [qvec] = await asyncio.to_thread(embedder.embed, [query])
-        if _np is None:
+        if np is None:
             return await self._scan_vectors(qvec, state, filters, depth)
         cache = await self._cache(state)
         allowed: Seqs | None = None
@@ -661,11 +661,11 @@ class PostgresArchivalStore(ArchivalStore):
             "before": filters.before,
             "depth": depth,
         }
-        if len(snapshot[1]) >= _PARALLEL_ROWS and (allowed is None or len(allowed) > 1000):
-            return await asyncio.to_thread(lambda: _top_vectors(snapshot, qvec, **args))
-        return _top_vectors(snapshot, qvec, **args)
+        if len(snapshot[1]) >= PARALLEL_ROWS and (allowed is None or len(allowed) > 1000):
+            return await asyncio.to_thread(lambda: top_vectors(snapshot, qvec, **args))
+        return top_vectors(snapshot, qvec, **args)
 
-    async def _cache(self, state: NamespaceState) -> _VectorCache:
+    async def _cache(self, state: NamespaceState) -> VectorCache:
         """This namespace's vector cache, brought up to ``state`` (loading what is missing)."""
         db = self._shared.db
         return await load_vector_cache(

@@ -30,14 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import heapq
-import importlib
 import json
 import math
 import os
 import sqlite3
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -73,14 +70,17 @@ from memory._archival_common import (
 )
 from memory._base import ArchivalHit, ArchivalStore, Namespace, Passage, SearchPage
 from memory._text import STOPWORDS, rrf, stem, words
-from memory.embedders import Embedder, HashingEmbedder, cosine_many, to_bytes
+from memory._vectors import (
+    PARALLEL_ROWS,
+    VectorCache,
+    load_vector_cache,
+    np,
+    scan_vectors,
+    top_vectors,
+)
+from memory.embedders import Embedder, HashingEmbedder, to_bytes
 
 __all__ = ["MIGRATIONS", "VERSION_TABLE", "NewPassage", "SqliteArchivalStore"]
-
-try:
-    _np: Any = importlib.import_module("numpy")
-except ImportError:  # pragma: no cover - numpy is installed wherever the tests run
-    _np = None
 
 VERSION_TABLE = "graphexec_archival_schema"
 MIN_COVERAGE = 0.5
@@ -93,9 +93,6 @@ COMMON_TERM_FLOOR = 5000
 """A word found in more than ``max(COMMON_TERM_FLOOR, COMMON_TERM_SHARE * passages)`` passages
 is dropped from keyword search, like a stopword: its BM25 weight there is below a sixth of a
 rare word's, and scoring every passage that holds it would dominate the search's cost."""
-_CHUNK = 4096
-_DIGITS = 6  # similarity digits that count: float32 carries about seven
-_PARALLEL_ROWS = 20_000  # score bigger matrices in a worker thread, off the event loop
 
 MIGRATIONS: tuple[str, ...] = (
     # 0: the version table (SqliteDatabase creates it before reading it)
@@ -229,9 +226,6 @@ _BUMP = """UPDATE archival_namespaces SET passages = passages + :added, version 
 
 
 # -- values ----------------------------------------------------------------------------------
-
-
-_Heap = list[tuple[float, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,130 +373,6 @@ def _insert_rows(
     return ids
 
 
-# -- vectors ---------------------------------------------------------------------------------
-
-
-class _VectorCache:
-    """One namespace's vectors in memory (numpy), grown in place as rows are appended.
-
-    Rows are kept in ``seq`` order, L2-normalised. Appends never move rows a reader already
-    holds (a full buffer is copied to a new, larger one), so snapshots stay valid while a
-    worker thread scores them.
-    """
-
-    def __init__(self, *, embedder: str, dim: int, epoch: int, capacity: int) -> None:
-        self.embedder = embedder
-        self.dim = dim
-        self.epoch = epoch
-        self.version = -1
-        self._lock = threading.Lock()
-        capacity = max(capacity, 1024)
-        self._matrix: Any = _np.empty((capacity, dim), dtype=_np.float32)
-        self._seqs: Any = _np.empty(capacity, dtype=_np.int64)
-        self._created: Any = _np.empty(capacity, dtype=_np.int64)
-        self._n = 0
-
-    def last_seq(self) -> int:
-        with self._lock:
-            return int(self._seqs[self._n - 1]) if self._n else 0
-
-    def append(self, rows: Sequence[Sequence[Any]]) -> None:
-        """Add ``(seq, created_at, vector bytes)`` rows, ascending; known seqs are skipped."""
-        with self._lock:
-            last = int(self._seqs[self._n - 1]) if self._n else 0
-            fresh = [r for r in rows if r[0] > last]
-            if not fresh:
-                return
-            end = self._n + len(fresh)
-            if end > len(self._seqs):
-                capacity = max(end, 2 * len(self._seqs))
-                matrix = _np.empty((capacity, self.dim), dtype=_np.float32)
-                seqs = _np.empty(capacity, dtype=_np.int64)
-                created = _np.empty(capacity, dtype=_np.int64)
-                matrix[: self._n] = self._matrix[: self._n]
-                seqs[: self._n] = self._seqs[: self._n]
-                created[: self._n] = self._created[: self._n]
-                self._matrix, self._seqs, self._created = matrix, seqs, created
-            block = _np.frombuffer(b"".join(r[2] for r in fresh), dtype="<f4")
-            block = block.reshape(len(fresh), self.dim).astype(_np.float64)  # no underflow
-            norms = _np.linalg.norm(block, axis=1, keepdims=True)
-            self._matrix[self._n : end] = block / _np.where(norms > 0, norms, 1.0)
-            self._seqs[self._n : end] = [r[0] for r in fresh]
-            self._created[self._n : end] = [r[1] for r in fresh]
-            self._n = end
-
-    def snapshot(self) -> tuple[Any, Any, Any]:
-        """``(matrix, seqs, created_at)`` views of the rows loaded so far."""
-        with self._lock:
-            n = self._n
-            return self._matrix[:n], self._seqs[:n], self._created[:n]
-
-
-def _top_vectors(
-    snapshot: tuple[Any, Any, Any],
-    query: Sequence[float],
-    *,
-    allowed: Sequence[int] | None,
-    after: int | None,
-    before: int | None,
-    depth: int,
-) -> list[int]:
-    """The ``depth`` most similar rows (positive cosine only), best first, as seqs."""
-    matrix, seqs, created = snapshot
-    q = _np.asarray(query, dtype=_np.float64)
-    norm = float(_np.linalg.norm(q))
-    if norm == 0.0 or not len(seqs):
-        return []
-    q = (q / norm).astype(_np.float32)
-    idx: Any = None
-    if allowed is not None:
-        wanted = _np.asarray(sorted(allowed), dtype=_np.int64)
-        pos = _np.minimum(_np.searchsorted(seqs, wanted), len(seqs) - 1)
-        idx = pos[seqs[pos] == wanted]
-    if after is not None or before is not None:
-        times = created if idx is None else created[idx]
-        keep = _np.ones(len(times), dtype=bool)
-        if after is not None:
-            keep &= times > after
-        if before is not None:
-            keep &= times < before
-        idx = _np.flatnonzero(keep) if idx is None else idx[keep]
-    # einsum, not ``matrix @ q``: the product is memory-bound, and a multi-threaded BLAS
-    # spends twice the CPU for it and stalls when the cores are busy (measured at 100k rows:
-    # 5 ms CPU single-threaded vs 11-15 ms with OpenBLAS threads; see benchmarks/).
-    if idx is None:
-        raw, cands = _np.einsum("ij,j->i", matrix, q), seqs
-    elif 8 * len(idx) > len(seqs):  # cheaper to score every row than to copy a big subset
-        raw, cands = _np.einsum("ij,j->i", matrix, q)[idx], seqs[idx]
-    else:
-        raw, cands = _np.einsum("ij,j->i", matrix[idx], q), seqs[idx]
-    # Rounded to float32 precision: equal vectors tie whatever row BLAS computed them in, and
-    # ties go to the older passage (lower seq), as in the pure-Python scan.
-    scores = _np.round(raw, _DIGITS)
-    positive = scores > 0
-    scores, cands = scores[positive], cands[positive]
-    if len(scores) > depth:
-        part = _np.argpartition(-scores, depth - 1)[:depth]
-        scores, cands = scores[part], cands[part]
-    order = _np.lexsort((cands, -scores))
-    return [int(s) for s in cands[order]]
-
-
-def _merge_top(
-    heap: list[tuple[float, int]], rows: Sequence[Sequence[Any]], sims: Sequence[float], depth: int
-) -> None:
-    """Keep the ``depth`` best ``(score, -seq)`` pairs of a chunk scan in a min-heap."""
-    for row, sim in zip(rows, sims, strict=True):
-        score = round(sim, _DIGITS)
-        if score <= 0:
-            continue
-        item = (score, -int(row[0]))
-        if len(heap) < depth:
-            heapq.heappush(heap, item)
-        elif item > heap[0]:
-            heapq.heapreplace(heap, item)
-
-
 # -- the store -------------------------------------------------------------------------------
 
 
@@ -512,7 +382,7 @@ class _Shared:
     def __init__(self, db: SqliteDatabase, embedder: Embedder) -> None:
         self.db = db
         self.embedder = embedder
-        self.caches: dict[int, _VectorCache] = {}
+        self.caches: dict[int, VectorCache] = {}
         # Passages matching each full-text term, valid while the file's write counter is
         # ``term_counts_version`` (any write anywhere in the file changes it).
         self.term_counts: dict[str, int] = {}
@@ -1091,7 +961,7 @@ class SqliteArchivalStore(ArchivalStore):
             return []
         embedder = self._shared.embedder
         [qvec] = await asyncio.to_thread(embedder.embed, [query])
-        if _np is None:
+        if np is None:
             return await self._scan_vectors(qvec, state, filters, depth)
         cache = await self._cache(state)
         allowed: Seqs | None = None
@@ -1113,11 +983,11 @@ class SqliteArchivalStore(ArchivalStore):
             "before": filters.before,
             "depth": depth,
         }
-        if len(snapshot[1]) >= _PARALLEL_ROWS and (allowed is None or len(allowed) > 1000):
-            return await asyncio.to_thread(lambda: _top_vectors(snapshot, qvec, **args))
-        return _top_vectors(snapshot, qvec, **args)
+        if len(snapshot[1]) >= PARALLEL_ROWS and (allowed is None or len(allowed) > 1000):
+            return await asyncio.to_thread(lambda: top_vectors(snapshot, qvec, **args))
+        return top_vectors(snapshot, qvec, **args)
 
-    async def _cache(self, state: NamespaceState) -> _VectorCache:
+    async def _cache(self, state: NamespaceState) -> VectorCache:
         """This namespace's vector cache, brought up to ``state`` (loading what is missing)."""
         db = self._shared.db
         return await load_vector_cache(
@@ -1140,79 +1010,3 @@ class SqliteArchivalStore(ArchivalStore):
             qvec,
             depth,
         )
-
-
-# -- vector candidates, shared with the PostgreSQL store --------------------------------------
-
-VectorReader = Callable[[dict[str, Any]], Awaitable[Sequence[Sequence[Any]]]]
-"""Runs a backend's vector statement (``_VECTORS`` with its filters) with these parameters."""
-
-
-async def load_vector_cache(
-    caches: dict[int, _VectorCache],
-    embedder: Embedder,
-    state: NamespaceState,
-    read: VectorReader,
-) -> _VectorCache:
-    """The namespace's vector cache in ``caches``, brought up to ``state``.
-
-    Loads, in ``_CHUNK``-row reads of the unfiltered vector statement, only the rows after the
-    last one cached; starts over when the embedder or the namespace's epoch changed.
-    """
-    cache = caches.get(state.nsid)
-    if cache is not None and (cache.embedder, cache.dim, cache.epoch) == (
-        embedder.name,
-        embedder.dim,
-        state.epoch,
-    ):
-        if cache.version == state.version:
-            return cache
-    else:
-        cache = _VectorCache(
-            embedder=embedder.name, dim=embedder.dim, epoch=state.epoch, capacity=state.passages
-        )
-    params: dict[str, Any] = {
-        "nsid": state.nsid,
-        "embedder": embedder.name,
-        "dim": embedder.dim,
-        "chunk": _CHUNK,
-        "start": cache.last_seq(),
-    }
-    while True:
-        rows = await read(params)
-        cache.append(rows)
-        if len(rows) < _CHUNK:
-            break
-        params["start"] = rows[-1][0]
-    # Rows read after ``state`` was taken may be newer than it: labelling the cache with the
-    # older state is safe (the next search loads again from the last seq); never the reverse.
-    cache.version = state.version
-    caches[state.nsid] = cache
-    return cache
-
-
-async def scan_vectors(
-    read: VectorReader,
-    filter_params: Mapping[str, Any],
-    embedder: Embedder,
-    qvec: Sequence[float],
-    depth: int,
-) -> Seqs:
-    """Pure-Python vector candidates (no numpy): score the filtered vectors chunk by chunk."""
-    params: dict[str, Any] = {
-        **filter_params,
-        "embedder": embedder.name,
-        "dim": embedder.dim,
-        "chunk": _CHUNK,
-        "start": 0,
-    }
-    heap: _Heap = []
-    while True:
-        rows = await read(params)
-        if rows:
-            vectors = [bytes(r[2]) for r in rows]
-            _merge_top(heap, rows, cosine_many(qvec, vectors, embedder.dim, use_numpy=False), depth)
-        if len(rows) < _CHUNK:
-            break
-        params["start"] = rows[-1][0]
-    return [-neg for _, neg in sorted(heap, key=lambda item: (-item[0], -item[1]))]

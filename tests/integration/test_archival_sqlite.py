@@ -21,6 +21,7 @@ import memory._sqlite_archival as arch
 from checkpointers import SqliteCheckpointer
 from graphexec.errors import MemoryStoreError, StorageError
 from graphexec.testing import assert_eventually
+from memory import _vectors
 from memory._archival_common import NewPassage
 from memory._base import SearchPage
 from memory._sqlite_archival import SqliteArchivalStore
@@ -125,8 +126,8 @@ async def test_pure_python_vectors_match_numpy(
         cases: list[dict[str, Any]] = [{}, {"tags": ["odd"]}, {"after": middle}]
         queries = ["refund for cracked blender", "password", "budget review lasagna"]
         expected = [[_ids(await store.search(q, **kw)) for kw in cases] for q in queries]
-        monkeypatch.setattr(arch, "_np", None)
-        monkeypatch.setattr(arch, "_CHUNK", 4)  # several chunks per scan
+        monkeypatch.setattr(arch, "np", None)
+        monkeypatch.setattr(_vectors, "_CHUNK", 4)  # several chunks per scan
         got = [[_ids(await store.search(q, **kw)) for kw in cases] for q in queries]
     assert got == expected
 
@@ -207,8 +208,8 @@ async def test_cache_paths_give_the_same_results(
         queries = ["refund blender", "wireless password", "budget meeting"]
         expected = [_ids(await store.search(q)) for q in queries]
         store._shared.caches.clear()
-        monkeypatch.setattr(arch, "_CHUNK", 2)  # the cache loads in several chunks
-        monkeypatch.setattr(arch, "_PARALLEL_ROWS", 1)  # scoring runs in a worker thread
+        monkeypatch.setattr(_vectors, "_CHUNK", 2)  # the cache loads in several chunks
+        monkeypatch.setattr(arch, "PARALLEL_ROWS", 1)  # scoring runs in a worker thread
         assert [_ids(await store.search(q)) for q in queries] == expected
         assert [_ids(await store.search(q, tags=["t"])) for q in queries] == expected
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import memory._archival_common as common
 import memory._sqlite_archival as arch
 from graphexec.errors import MemoryStoreError
+from memory import _vectors
 from memory.embedders import cosine_many, to_bytes
 
 # -- FTS5 terms --------------------------------------------------------------------------------
@@ -197,14 +198,14 @@ def test_numpy_and_pure_rankings_agree(
     vectors: list[list[float]], query: list[float], depth: int
 ) -> None:
     rows = _rows(vectors)
-    cache = arch._VectorCache(embedder="e", dim=4, epoch=0, capacity=1)
+    cache = _vectors.VectorCache(embedder="e", dim=4, epoch=0, capacity=1)
     cache.append(rows)
-    fast = arch._top_vectors(
+    fast = _vectors.top_vectors(
         cache.snapshot(), query, allowed=None, after=None, before=None, depth=depth
     )
     heap: list[tuple[float, int]] = []
     sims = cosine_many(query, [r[2] for r in rows], 4, use_numpy=False)
-    arch._merge_top(heap, rows, sims, depth)
+    _vectors._merge_top(heap, rows, sims, depth)
     slow = [-neg for _, neg in sorted(heap, key=lambda item: (-item[0], -item[1]))]
     # Scores computed in float32 and float64 may order near-ties differently.
     assert len(fast) == len(slow) or abs(len(fast) - len(slow)) <= 1
@@ -217,22 +218,22 @@ def test_vector_filters_apply_before_the_depth() -> None:
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(500, 8)).astype(np.float32).tolist()
     rows = _rows(vectors)
-    cache = arch._VectorCache(embedder="e", dim=8, epoch=0, capacity=10)
+    cache = _vectors.VectorCache(embedder="e", dim=8, epoch=0, capacity=10)
     cache.append(rows)
     query = vectors[0]
     allowed = [250, 499, 9999]
-    got = arch._top_vectors(
+    got = _vectors.top_vectors(
         cache.snapshot(), query, allowed=allowed, after=None, before=None, depth=1
     )
     sims = {r[0]: s for r, s in zip(rows, cosine_many(query, [r[2] for r in rows], 8), strict=True)}
     positive = [s for s in (250, 499) if sims[s] > 0]
     assert got == sorted(positive, key=lambda s: -sims[s])[:1]
-    windowed = arch._top_vectors(
+    windowed = _vectors.top_vectors(
         cache.snapshot(), query, allowed=None, after=1000 + 100, before=1000 + 103, depth=10
     )
     assert set(windowed) <= {101, 102}
     assert (
-        arch._top_vectors(
+        _vectors.top_vectors(
             cache.snapshot(), [0.0] * 8, allowed=None, after=None, before=None, depth=5
         )
         == []
@@ -240,7 +241,7 @@ def test_vector_filters_apply_before_the_depth() -> None:
 
 
 def test_cache_appends_only_new_rows_and_grows() -> None:
-    cache = arch._VectorCache(embedder="e", dim=2, epoch=0, capacity=1)
+    cache = _vectors.VectorCache(embedder="e", dim=2, epoch=0, capacity=1)
     rows = _rows([[1.0, 0.0]] * 1500)
     cache.append(rows[:1000])
     before = cache.snapshot()
