@@ -23,6 +23,11 @@ applied inside their queries, before any limit, so a filter never hides matches:
 
 The top ``max(50, 5 * top_k)`` of each list are fused by reciprocal rank fusion (k=60). Pages
 of one search are slices of that one fused ranking (the cursor carries its depth and offset).
+
+This module holds the store. Its schema, statements, filters, keyword terms and insert body
+are in :mod:`memory._sqlite_passages`; what it shares with the PostgreSQL store is in
+:mod:`memory._archival_common` (validation, cursors, values) and :mod:`memory._vectors`
+(vector caching and scoring).
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ import math
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -45,7 +49,6 @@ from checkpointers._sqlite_db import SqliteDatabase, fetch
 from graphexec.errors import MemoryStoreError
 from memory._archival_common import (
     DEPTH_FACTOR,
-    MAX_QUERY_TERMS,
     MAX_TOP_K,
     MIN_DEPTH,
     RRF_K,
@@ -64,12 +67,38 @@ from memory._archival_common import (
     cursor_digest,
     decode_cursor,
     encode_cursor,
-    now_us,
     passage_of,
     state_of,
 )
-from memory._base import ArchivalHit, ArchivalStore, Namespace, Passage, SearchPage
-from memory._text import STOPWORDS, rrf, stem, words
+from memory._base import ArchivalHit, ArchivalStore, Passage, SearchPage
+from memory._sqlite_passages import (
+    BUMP,
+    BY_ID,
+    BY_SEQS,
+    COVERAGE,
+    INSERT_TAG,
+    KEYWORD,
+    KEYWORD_WHOLE_FILE,
+    LIST,
+    LIST_AFTER_CURSOR,
+    LIST_TAGS,
+    MIGRATIONS,
+    MIN_COVERAGE,
+    SEARCH_STATE,
+    STATE,
+    TAGS_ALL,
+    TAGS_ALL_FTS,
+    TAGS_ANY,
+    TAGS_ANY_FTS,
+    TERM_COUNTS,
+    VECTORS,
+    VERSION_TABLE,
+    Filters,
+    fts_terms,
+    insert_rows,
+    select_terms,
+)
+from memory._text import rrf
 from memory._vectors import (
     PARALLEL_ROWS,
     VectorCache,
@@ -80,297 +109,10 @@ from memory._vectors import (
 )
 from memory.embedders import Embedder, HashingEmbedder, to_bytes
 
-__all__ = ["MIGRATIONS", "VERSION_TABLE", "NewPassage", "SqliteArchivalStore"]
+# NewPassage (insert_many items) is listed too: memory/__init__.py resolves it from here.
+__all__ = ["NewPassage", "SqliteArchivalStore"]
 
-VERSION_TABLE = "graphexec_archival_schema"
-MIN_COVERAGE = 0.5
-"""Fraction of the query's distinct terms a passage needs to be a keyword candidate."""
-MAX_KEYWORD_TERMS = 8
-"""Of the query's words (up to :data:`~memory._archival_common.MAX_QUERY_TERMS`), the most
-selective ones (fewest passages) that the keyword query uses."""
-COMMON_TERM_SHARE = 0.25
-COMMON_TERM_FLOOR = 5000
-"""A word found in more than ``max(COMMON_TERM_FLOOR, COMMON_TERM_SHARE * passages)`` passages
-is dropped from keyword search, like a stopword: its BM25 weight there is below a sixth of a
-rare word's, and scoring every passage that holds it would dominate the search's cost."""
-
-MIGRATIONS: tuple[str, ...] = (
-    # 0: the version table (SqliteDatabase creates it before reading it)
-    f"""CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (
-        version INTEGER PRIMARY KEY,
-        applied_at REAL NOT NULL
-    )""",
-    # 1: one row per namespace: its exact name (JSON array), embedder and change counters.
-    # ``version`` is bumped by every write, ``epoch`` by every write that changes or removes
-    # a vector; in-process vector caches compare both.
-    """CREATE TABLE archival_namespaces (
-        nsid INTEGER PRIMARY KEY,
-        ns TEXT NOT NULL UNIQUE,
-        embedder TEXT,
-        dim INTEGER,
-        passages INTEGER NOT NULL DEFAULT 0,
-        version INTEGER NOT NULL DEFAULT 0,
-        epoch INTEGER NOT NULL DEFAULT 0
-    )""",
-    """CREATE TABLE archival_passages (
-        seq INTEGER PRIMARY KEY,
-        id TEXT NOT NULL UNIQUE,
-        nsid INTEGER NOT NULL REFERENCES archival_namespaces (nsid),
-        text TEXT NOT NULL,
-        metadata TEXT NOT NULL,
-        created_at INTEGER NOT NULL,
-        embedder TEXT NOT NULL,
-        dim INTEGER NOT NULL,
-        vector BLOB NOT NULL
-    )""",
-    "CREATE INDEX archival_passages_by_ns ON archival_passages (nsid)",
-    "CREATE INDEX archival_passages_by_time ON archival_passages (nsid, created_at)",
-    # Keyword search checks namespace and dates for every full-text match: this covering index
-    # answers that from small entries instead of the rows, which carry the vectors (2x faster).
-    "CREATE INDEX archival_passages_filter ON archival_passages (seq, nsid, created_at)",
-    """CREATE TABLE archival_tags (
-        nsid INTEGER NOT NULL,
-        tag TEXT NOT NULL,
-        passage INTEGER NOT NULL,
-        pos INTEGER NOT NULL,
-        PRIMARY KEY (nsid, tag, passage)
-    ) WITHOUT ROWID""",
-    "CREATE INDEX archival_tags_by_passage ON archival_tags (passage, pos)",
-    """CREATE TABLE archival_op_keys (
-        nsid INTEGER NOT NULL,
-        op_key TEXT NOT NULL,
-        passage_id TEXT NOT NULL,
-        PRIMARY KEY (nsid, op_key)
-    ) WITHOUT ROWID""",
-    """CREATE VIRTUAL TABLE archival_fts USING fts5(
-        text, content='archival_passages', content_rowid='seq', tokenize='porter unicode61'
-    )""",
-    """CREATE TRIGGER archival_fts_insert AFTER INSERT ON archival_passages BEGIN
-        INSERT INTO archival_fts (rowid, text) VALUES (new.seq, new.text);
-    END""",
-    """CREATE TRIGGER archival_fts_delete AFTER DELETE ON archival_passages BEGIN
-        INSERT INTO archival_fts (archival_fts, rowid, text) VALUES ('delete', old.seq, old.text);
-    END""",
-    """CREATE TRIGGER archival_fts_update AFTER UPDATE OF text ON archival_passages BEGIN
-        INSERT INTO archival_fts (archival_fts, rowid, text) VALUES ('delete', old.seq, old.text);
-        INSERT INTO archival_fts (rowid, text) VALUES (new.seq, new.text);
-    END""",
-)
-"""The schema, index = version (the scheme of :class:`~checkpointers._sqlite_db.SqliteDatabase`)."""
-
-# -- SQL -------------------------------------------------------------------------------------
-# Only these constant fragments are ever put together; every caller value is a parameter.
-
-_STATE = (
-    "SELECT nsid, embedder, dim, passages, version, epoch FROM archival_namespaces WHERE ns = :ns"
-)
-# The same, with the whole file's passage count and write counter (for the term-count cache).
-_SEARCH_STATE = """SELECT nsid, embedder, dim, passages, version, epoch,
-    (SELECT sum(passages) FROM archival_namespaces), (SELECT sum(version) FROM archival_namespaces)
-    FROM archival_namespaces WHERE ns = :ns"""
-_PASSAGE_COLUMNS = """p.seq, p.id, p.text, p.metadata, p.created_at,
-    (SELECT json_group_array(tag) FROM (
-        SELECT t.tag FROM archival_tags AS t WHERE t.passage = p.seq ORDER BY t.pos))"""
-_BY_SEQS = f"""SELECT {_PASSAGE_COLUMNS} FROM archival_passages AS p
-    WHERE p.nsid = :nsid AND p.seq IN (SELECT value FROM json_each(:seqs))"""
-_BY_ID = f"""SELECT {_PASSAGE_COLUMNS} FROM archival_passages AS p
-    JOIN archival_namespaces AS n ON n.nsid = p.nsid WHERE n.ns = :ns AND p.id = :id"""
-_TAGS_ANY = """SELECT passage FROM archival_tags
-    WHERE nsid = :nsid AND tag IN (SELECT value FROM json_each(:tags))"""
-_TAGS_ALL = _TAGS_ANY + " GROUP BY passage HAVING count(*) = :ntags"
-_AFTER = " AND p.created_at > :after"
-_BEFORE = " AND p.created_at < :before"
-# CROSS JOIN fixes the loop order (full-text matches outside): the planner may otherwise run
-# the MATCH once per passage of the namespace, a hundred times slower.
-_KEYWORD = """SELECT archival_fts.rowid FROM archival_fts
-    CROSS JOIN archival_passages AS p INDEXED BY archival_passages_filter
-    ON p.seq = archival_fts.rowid
-    WHERE archival_fts MATCH :match AND p.nsid = :nsid{filters}
-    ORDER BY bm25(archival_fts), archival_fts.rowid LIMIT :depth"""
-_TERM_COUNTS = """SELECT j.value,
-    (SELECT count(*) FROM archival_fts WHERE archival_fts MATCH j.value)
-    FROM json_each(:terms) AS j"""
-# When the namespace holds every passage of the file and no date filter applies, the join that
-# checks namespace and dates is redundant: full-text matches are candidates as they are.
-_KEYWORD_WHOLE_FILE = """SELECT archival_fts.rowid FROM archival_fts
-    WHERE archival_fts MATCH :match{filters}
-    ORDER BY bm25(archival_fts), archival_fts.rowid LIMIT :depth"""
-# The unary + keeps SQLite from driving the full-text lookup from the tag list (once per row).
-_TAGS_ANY_FTS = """ AND +archival_fts.rowid IN (SELECT passage FROM archival_tags
-    WHERE nsid = :nsid AND tag IN (SELECT value FROM json_each(:tags)))"""
-_TAGS_ALL_FTS = """ AND +archival_fts.rowid IN (SELECT passage FROM archival_tags
-    WHERE nsid = :nsid AND tag IN (SELECT value FROM json_each(:tags))
-    GROUP BY passage HAVING count(*) = :ntags)"""
-_COVERAGE = """ AND +archival_fts.rowid IN (
-    SELECT g.rowid FROM json_each(:terms) AS j
-    JOIN archival_fts AS g ON g.archival_fts MATCH j.value
-    GROUP BY g.rowid HAVING count(*) >= :need)"""
-_VECTORS = """SELECT p.seq, p.created_at, p.vector FROM archival_passages AS p
-    WHERE p.nsid = :nsid AND p.embedder = :embedder AND p.dim = :dim AND p.seq > :start{filters}
-    ORDER BY p.seq LIMIT :chunk"""
-_VECTORS_ALL = _VECTORS.format(filters="")
-
-_LIST = f"""SELECT {_PASSAGE_COLUMNS} FROM archival_passages AS p
-    JOIN archival_namespaces AS n ON n.nsid = p.nsid WHERE n.ns = :ns{{filters}}
-    ORDER BY p.created_at DESC, p.seq DESC LIMIT :limit"""
-_LIST_TAGS = """ AND p.seq IN (SELECT passage FROM archival_tags
-    WHERE nsid = n.nsid AND tag IN (SELECT value FROM json_each(:tags)))"""
-_LIST_AFTER_CURSOR = " AND (p.created_at < :at OR (p.created_at = :at AND p.seq < :seq))"
-_INSERT = """INSERT INTO archival_passages
-    (id, nsid, text, metadata, created_at, embedder, dim, vector)
-    VALUES (:id, :nsid, :text, :metadata, :created_at, :embedder, :dim, :vector) RETURNING seq"""
-_INSERT_TAG = "INSERT INTO archival_tags (nsid, tag, passage, pos) VALUES (?, ?, ?, ?)"
-_BUMP = """UPDATE archival_namespaces SET passages = passages + :added, version = version + 1,
-    epoch = epoch + :vectors_changed, embedder = coalesce(:embedder, embedder),
-    dim = coalesce(:dim, dim) WHERE nsid = :nsid"""
-
-
-# -- values ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Filters:
-    tags: tuple[str, ...] | None
-    tag_mode: Literal["any", "all"]
-    after: int | None
-    before: int | None
-
-    def sql(self) -> str:
-        out = ""
-        if self.tags:
-            out += f" AND p.seq IN ({_TAGS_ALL if self.tag_mode == 'all' else _TAGS_ANY})"
-        if self.after is not None:
-            out += _AFTER
-        if self.before is not None:
-            out += _BEFORE
-        return out
-
-    def params(self, nsid: int) -> dict[str, Any]:
-        params: dict[str, Any] = {"nsid": nsid}
-        if self.tags:
-            params["tags"] = json.dumps(self.tags)
-            params["ntags"] = len(self.tags)
-        if self.after is not None:
-            params["after"] = self.after
-        if self.before is not None:
-            params["before"] = self.before
-        return params
-
-
-# -- query text and cursors ------------------------------------------------------------------
-
-
-def _quote(token: str) -> str:
-    return '"' + token.replace('"', '""') + '"'
-
-
-def fts_terms(query: str) -> list[str]:
-    """The FTS5 expressions, one per distinct content word of ``query``, for keyword search.
-
-    Every word is quoted, so nothing a user types can become FTS5 syntax (operators, column
-    filters, prefix stars). Stopwords are dropped. A hyphenated compound becomes one term that
-    matches either spelling (``wi-fi``: ``"wi fi" OR "wifi"``). Words sharing a stem count once.
-
-    Args:
-        query: Any text.
-
-    Returns:
-        Up to :data:`MAX_QUERY_TERMS` FTS5 expressions (empty when nothing is searchable).
-    """
-    terms: dict[str, str] = {}
-    for chunk in query.split():
-        found = words(chunk)
-        if len(found) >= 3 and found[-1] == "".join(found[:-1]):
-            joined = found[-1]
-            if joined not in STOPWORDS:
-                expr = f"({_quote(' '.join(found[:-1]))} OR {_quote(joined)})"
-                terms.setdefault(stem(joined), expr)
-            continue
-        for word in found:
-            if word not in STOPWORDS:
-                terms.setdefault(stem(word), _quote(word))
-    return list(terms.values())[:MAX_QUERY_TERMS]
-
-
-def select_terms(terms: Sequence[str], counts: Sequence[int], total: int) -> list[str]:
-    """Choose the keyword query's terms by how many passages hold each.
-
-    Args:
-        terms: FTS5 expressions from :func:`fts_terms`.
-        counts: Passages (in the whole file) matching each term.
-        total: Passages in the whole file.
-
-    Returns:
-        Up to :data:`MAX_KEYWORD_TERMS` terms, fewest matches first, without the common ones
-        (see :data:`COMMON_TERM_FLOOR`).
-    """
-    limit = max(COMMON_TERM_FLOOR, COMMON_TERM_SHARE * total)
-    kept = sorted(
-        (count, i) for i, count in enumerate(counts) if count <= limit
-    )  # ties keep query order
-    return [terms[i] for _, i in kept[:MAX_KEYWORD_TERMS]]
-
-
-def _insert_rows(
-    db: sqlite3.Connection,
-    *,
-    ns: str,
-    namespace: Namespace,
-    embedder: str,
-    dim: int,
-    rows: Sequence[tuple[PassageRow, bytes]],
-) -> list[str]:
-    """Transaction body: insert rows (skipping known op keys) and bump the namespace."""
-    state = state_of(fetch(db, _STATE, {"ns": ns}))
-    check_embedder(state, embedder, dim, namespace)
-    if state is None:
-        [(nsid,)] = fetch(
-            db, "INSERT INTO archival_namespaces (ns) VALUES (:ns) RETURNING nsid", {"ns": ns}
-        )
-    else:
-        nsid = state.nsid
-    ids: list[str] = []
-    added = 0
-    for row, vector in rows:
-        if row.op_key is not None:
-            known = fetch(
-                db,
-                "SELECT passage_id FROM archival_op_keys WHERE nsid = :nsid AND op_key = :op_key",
-                {"nsid": nsid, "op_key": row.op_key},
-            )
-            if known:
-                ids.append(known[0][0])
-                continue
-            fetch(
-                db,
-                "INSERT INTO archival_op_keys (nsid, op_key, passage_id) "
-                "VALUES (:nsid, :op_key, :id)",
-                {"nsid": nsid, "op_key": row.op_key, "id": row.id},
-            )
-        [(seq,)] = fetch(
-            db,
-            _INSERT,
-            {
-                "id": row.id,
-                "nsid": nsid,
-                "text": row.text,
-                "metadata": row.metadata,
-                "created_at": now_us(),
-                "embedder": embedder,
-                "dim": dim,
-                "vector": vector,
-            },
-        )
-        db.executemany(_INSERT_TAG, [(nsid, tag, seq, i) for i, tag in enumerate(row.tags)])
-        ids.append(row.id)
-        added += 1
-    if added:
-        fetch(
-            db,
-            _BUMP,
-            {"nsid": nsid, "added": added, "vectors_changed": 0, "embedder": embedder, "dim": dim},
-        )
-    return ids
+_VECTORS_ALL = VECTORS.format(filters="")
 
 
 # -- the store -------------------------------------------------------------------------------
@@ -544,7 +286,7 @@ class SqliteArchivalStore(ArchivalStore):
     async def _write_rows(self, rows: Sequence[PassageRow], vectors: Sequence[bytes]) -> list[str]:
         embedder = self._shared.embedder
         body = functools.partial(
-            _insert_rows,
+            insert_rows,
             ns=self._ns,
             namespace=self.namespace,
             embedder=embedder.name,
@@ -657,7 +399,7 @@ class SqliteArchivalStore(ArchivalStore):
             [(seq, nsid)] = found
             key = {"seq": seq, "nsid": nsid}
             if vector is not None:
-                check_embedder(state_of(fetch(db, _STATE, {"ns": ns})), embedder, dim, namespace)
+                check_embedder(state_of(fetch(db, STATE, {"ns": ns})), embedder, dim, namespace)
                 fetch(
                     db,
                     """UPDATE archival_passages SET text = :text, vector = :vector,
@@ -672,14 +414,14 @@ class SqliteArchivalStore(ArchivalStore):
                 )
             if new_tags is not None:
                 fetch(db, "DELETE FROM archival_tags WHERE passage = :seq", key)
-                db.executemany(_INSERT_TAG, [(nsid, t, seq, i) for i, t in enumerate(new_tags)])
+                db.executemany(INSERT_TAG, [(nsid, t, seq, i) for i, t in enumerate(new_tags)])
             changed = int(vector is not None)
             fetch(
                 db,
-                _BUMP,
+                BUMP,
                 {**key, "added": 0, "vectors_changed": changed, "embedder": None, "dim": None},
             )
-            [row] = fetch(db, _BY_SEQS, {"nsid": nsid, "seqs": json.dumps([seq])})
+            [row] = fetch(db, BY_SEQS, {"nsid": nsid, "seqs": json.dumps([seq])})
             return passage_of(row)
 
         return await self._shared.db.write("archival update", body)
@@ -703,7 +445,7 @@ class SqliteArchivalStore(ArchivalStore):
             fetch(db, "DELETE FROM archival_tags WHERE passage = :seq", {"seq": seq})
             fetch(
                 db,
-                _BUMP,
+                BUMP,
                 {"nsid": nsid, "added": -1, "vectors_changed": 1, "embedder": None, "dim": None},
             )
             return True
@@ -730,12 +472,12 @@ class SqliteArchivalStore(ArchivalStore):
         embedder, dim = self._shared.embedder.name, self._shared.embedder.dim
 
         def claim(db: sqlite3.Connection) -> int | None:
-            state = state_of(fetch(db, _STATE, {"ns": ns}))
+            state = state_of(fetch(db, STATE, {"ns": ns}))
             if state is None:
                 return None
             fetch(
                 db,
-                _BUMP,
+                BUMP,
                 {
                     "nsid": state.nsid,
                     "added": 0,
@@ -773,7 +515,7 @@ class SqliteArchivalStore(ArchivalStore):
                 )
                 fetch(
                     db,
-                    _BUMP,
+                    BUMP,
                     {"nsid": nsid, "added": 0, "vectors_changed": 1, "embedder": None, "dim": None},
                 )
                 return len(updates)
@@ -785,9 +527,7 @@ class SqliteArchivalStore(ArchivalStore):
     async def get(self, passage_id: str) -> Passage | None:
         """A passage of this namespace by id, or ``None``."""
         check_str(passage_id, "passage id", blank_ok=True)
-        rows = await self._shared.db.read(
-            "archival get", _BY_ID, {"ns": self._ns, "id": passage_id}
-        )
+        rows = await self._shared.db.read("archival get", BY_ID, {"ns": self._ns, "id": passage_id})
         return passage_of(rows[0]) if rows else None
 
     async def list(
@@ -809,15 +549,15 @@ class SqliteArchivalStore(ArchivalStore):
         wanted = check_tags(tags, "tags filter") if tags is not None else ()
         limit = check_limit(limit, "list limit")
         digest = cursor_digest("list", self._ns, sorted(wanted))
-        filters = _LIST_TAGS if wanted else ""
+        filters = LIST_TAGS if wanted else ""
         params: dict[str, Any] = {"ns": self._ns, "limit": limit + 1}
         if wanted:
             params["tags"] = json.dumps(wanted)
         if cursor is not None:
             at, seq = decode_cursor(cursor, "list", digest, ("at", "s"))
-            filters += _LIST_AFTER_CURSOR
+            filters += LIST_AFTER_CURSOR
             params.update(at=at, seq=seq)
-        rows = await self._shared.db.read("archival list", _LIST.format(filters=filters), params)
+        rows = await self._shared.db.read("archival list", LIST.format(filters=filters), params)
         page = rows[:limit]
         next_cursor = None
         if len(rows) > limit:
@@ -862,7 +602,7 @@ class SqliteArchivalStore(ArchivalStore):
         if tag_mode not in ("any", "all"):
             raise MemoryStoreError(f"tag_mode must be 'any' or 'all', got {tag_mode!r}")
         wanted = check_tags(tags, "tags filter") if tags is not None else ()
-        filters = _Filters(
+        filters = Filters(
             wanted or None, tag_mode, check_time(after, "after"), check_time(before, "before")
         )
         digest = cursor_digest(
@@ -875,7 +615,7 @@ class SqliteArchivalStore(ArchivalStore):
             if not 1 <= depth <= DEPTH_FACTOR * MAX_TOP_K:
                 raise MemoryStoreError("invalid archival cursor: pass back the one a page returned")
         state = state_of(
-            await self._shared.db.read("archival search", _SEARCH_STATE, {"ns": self._ns})
+            await self._shared.db.read("archival search", SEARCH_STATE, {"ns": self._ns})
         )
         embedder = self._shared.embedder
         check_embedder(state, embedder.name, embedder.dim, self.namespace)
@@ -889,7 +629,7 @@ class SqliteArchivalStore(ArchivalStore):
         page = fused[offset : offset + top_k]
         rows = await self._shared.db.read(
             "archival search",
-            _BY_SEQS,
+            BY_SEQS,
             {"nsid": state.nsid, "seqs": json.dumps([seq for seq, _ in page])},
         )
         found = {r[0]: passage_of(r) for r in rows}
@@ -912,7 +652,7 @@ class SqliteArchivalStore(ArchivalStore):
         missing = [t for t in dict.fromkeys(terms) if t not in cache]
         if missing:
             rows = await shared.db.read(
-                "archival search", _TERM_COUNTS, {"terms": json.dumps(missing)}
+                "archival search", TERM_COUNTS, {"terms": json.dumps(missing)}
             )
             counted = {str(term): int(count) for term, count in rows}
             if shared.term_counts_version == file_version:  # not reset meanwhile
@@ -921,7 +661,7 @@ class SqliteArchivalStore(ArchivalStore):
         return [cache[t] for t in terms]
 
     async def _keyword_candidates(
-        self, query: str, state: NamespaceState, filters: _Filters, depth: int
+        self, query: str, state: NamespaceState, filters: Filters, depth: int
     ) -> Seqs:
         candidates = fts_terms(query)
         if not candidates:
@@ -931,7 +671,7 @@ class SqliteArchivalStore(ArchivalStore):
         if not terms:
             return []
         need = math.ceil(len(terms) * MIN_COVERAGE)
-        coverage = _COVERAGE if need > 1 else ""
+        coverage = COVERAGE if need > 1 else ""
         whole_file = (
             state.file_passages == state.passages
             and filters.after is None
@@ -940,10 +680,10 @@ class SqliteArchivalStore(ArchivalStore):
         if whole_file:
             tags = ""
             if filters.tags:
-                tags = _TAGS_ALL_FTS if filters.tag_mode == "all" else _TAGS_ANY_FTS
-            sql = _KEYWORD_WHOLE_FILE.format(filters=tags + coverage)
+                tags = TAGS_ALL_FTS if filters.tag_mode == "all" else TAGS_ANY_FTS
+            sql = KEYWORD_WHOLE_FILE.format(filters=tags + coverage)
         else:
-            sql = _KEYWORD.format(filters=filters.sql() + coverage)
+            sql = KEYWORD.format(filters=filters.sql() + coverage)
         params = {
             **filters.params(state.nsid),
             "match": " OR ".join(terms),
@@ -955,7 +695,7 @@ class SqliteArchivalStore(ArchivalStore):
         return [int(r[0]) for r in rows]
 
     async def _vector_candidates(
-        self, query: str, state: NamespaceState, filters: _Filters, depth: int
+        self, query: str, state: NamespaceState, filters: Filters, depth: int
     ) -> Seqs:
         if not query.strip():
             return []
@@ -968,7 +708,7 @@ class SqliteArchivalStore(ArchivalStore):
         if filters.tags:
             rows = await self._shared.db.read(
                 "archival search",
-                _TAGS_ALL if filters.tag_mode == "all" else _TAGS_ANY,
+                TAGS_ALL if filters.tag_mode == "all" else TAGS_ANY,
                 {
                     "nsid": state.nsid,
                     "tags": json.dumps(filters.tags),
@@ -998,11 +738,11 @@ class SqliteArchivalStore(ArchivalStore):
         )
 
     async def _scan_vectors(
-        self, qvec: Sequence[float], state: NamespaceState, filters: _Filters, depth: int
+        self, qvec: Sequence[float], state: NamespaceState, filters: Filters, depth: int
     ) -> Seqs:
         """Pure-Python vector candidates: read the filtered vectors in chunks and score them."""
         db = self._shared.db
-        sql = _VECTORS.format(filters=filters.sql())
+        sql = VECTORS.format(filters=filters.sql())
         return await scan_vectors(
             lambda params: db.read("archival search", sql, params),
             filters.params(state.nsid),

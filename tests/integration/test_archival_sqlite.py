@@ -18,6 +18,7 @@ import pytest
 
 import memory._archival_common as common
 import memory._sqlite_archival as arch
+import memory._sqlite_passages as passages
 from checkpointers import SqliteCheckpointer
 from graphexec.errors import MemoryStoreError, StorageError
 from graphexec.testing import assert_eventually
@@ -65,10 +66,10 @@ async def test_reopen_keeps_everything(tmp_path: Path) -> None:
         assert [h.passage.id for h in (await store.list(tags=["t"])).hits] == [pid]
     db = sqlite3.connect(path)
     try:
-        [(version,)] = db.execute(f"SELECT max(version) FROM {arch.VERSION_TABLE}").fetchall()
+        [(version,)] = db.execute(f"SELECT max(version) FROM {passages.VERSION_TABLE}").fetchall()
     finally:
         db.close()
-    assert version == len(arch.MIGRATIONS) - 1
+    assert version == len(passages.MIGRATIONS) - 1
     fts_integrity(path)
 
 
@@ -219,13 +220,13 @@ async def test_common_words_are_left_to_vector_search(
 ) -> None:
     async with SqliteArchivalStore.open(tmp_path / "memory.db") as store:
         ids = await store.insert_many(TEXTS)
-        monkeypatch.setattr(arch, "COMMON_TERM_FLOOR", 0)
-        monkeypatch.setattr(arch, "COMMON_TERM_SHARE", 0.0)  # every word counts as common
+        monkeypatch.setattr(passages, "COMMON_TERM_FLOOR", 0)
+        monkeypatch.setattr(passages, "COMMON_TERM_SHARE", 0.0)  # every word counts as common
         st = common.state_of(
-            await store._shared.db.read("t", arch._SEARCH_STATE, {"ns": store._ns})
+            await store._shared.db.read("t", passages.SEARCH_STATE, {"ns": store._ns})
         )
         assert st is not None
-        filters = arch._Filters(None, "any", None, None)
+        filters = passages.Filters(None, "any", None, None)
         assert await store._keyword_candidates("blender refund", st, filters, 50) == []
         assert _ids(await store.search("blender refund", top_k=1)) == [ids[1]]
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memory._archival_common as common
-import memory._sqlite_archival as arch
+import memory._sqlite_passages as passages
 from graphexec.errors import MemoryStoreError
 from memory import _vectors
 from memory.embedders import cosine_many, to_bytes
@@ -24,7 +24,7 @@ from memory.embedders import cosine_many, to_bytes
 
 
 def test_terms_are_quoted_words_without_stopwords() -> None:
-    assert arch.fts_terms("Which seat does she like when flying far?") == [
+    assert passages.fts_terms("Which seat does she like when flying far?") == [
         '"seat"',
         '"like"',
         '"flying"',
@@ -33,7 +33,7 @@ def test_terms_are_quoted_words_without_stopwords() -> None:
 
 
 def test_terms_drop_syntax_and_repeat_stems() -> None:
-    assert arch.fts_terms('NEAR(a b) AND "x" OR y* -z ^w col:v') == [
+    assert passages.fts_terms('NEAR(a b) AND "x" OR y* -z ^w col:v') == [
         '"near"',
         '"b"',
         '"x"',
@@ -43,20 +43,20 @@ def test_terms_drop_syntax_and_repeat_stems() -> None:
         '"col"',
         '"v"',
     ]
-    assert arch.fts_terms("flights flight FLIGHTS") == ['"flights"']
-    assert arch.fts_terms("the and of") == []
-    assert arch.fts_terms("") == []
-    assert arch.fts_terms("?! -- ** ::") == []
+    assert passages.fts_terms("flights flight FLIGHTS") == ['"flights"']
+    assert passages.fts_terms("the and of") == []
+    assert passages.fts_terms("") == []
+    assert passages.fts_terms("?! -- ** ::") == []
 
 
 def test_hyphenated_compounds_match_either_spelling() -> None:
-    assert arch.fts_terms("Wi-Fi password") == ['("wi fi" OR "wifi")', '"password"']
-    assert arch.fts_terms("e-mail email") == ['("e mail" OR "email")']
+    assert passages.fts_terms("Wi-Fi password") == ['("wi fi" OR "wifi")', '"password"']
+    assert passages.fts_terms("e-mail email") == ['("e mail" OR "email")']
 
 
 def test_terms_are_capped() -> None:
     query = " ".join(f"word{i}" for i in range(100))
-    assert len(arch.fts_terms(query)) == common.MAX_QUERY_TERMS
+    assert len(passages.fts_terms(query)) == common.MAX_QUERY_TERMS
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def fts() -> Iterator[sqlite3.Connection]:
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=60))
 def test_any_text_gives_valid_fts5_queries(fts: sqlite3.Connection, text: str) -> None:
-    terms = arch.fts_terms(text)
+    terms = passages.fts_terms(text)
     if terms:
         fts.execute("SELECT rowid FROM t WHERE t MATCH ?", (" OR ".join(terms),)).fetchall()
         for term in terms:
@@ -88,7 +88,7 @@ def test_any_text_gives_valid_fts5_queries(fts: sqlite3.Connection, text: str) -
 
 def test_terms_match_stems_and_compounds(fts: sqlite3.Connection) -> None:
     def hits(query: str) -> list[int]:
-        match = " OR ".join(arch.fts_terms(query))
+        match = " OR ".join(passages.fts_terms(query))
         return [r[0] for r in fts.execute("SELECT rowid FROM t WHERE t MATCH ?", (match,))]
 
     assert hits("rotating passwords") == [1]
@@ -102,10 +102,10 @@ def test_terms_match_stems_and_compounds(fts: sqlite3.Connection) -> None:
 def test_select_terms_drops_common_words_and_keeps_the_rarest() -> None:
     terms = [f"t{i}" for i in range(12)]
     counts = [5, 1, 90_000, 3, 0, 7, 2, 4, 6, 8, 9, 30_000]
-    chosen = arch.select_terms(terms, counts, total=100_000)
+    chosen = passages.select_terms(terms, counts, total=100_000)
     assert chosen == ["t4", "t1", "t6", "t3", "t7", "t0", "t8", "t5"]
-    assert arch.select_terms(["a", "b"], [4000, 10], total=4000) == ["b", "a"]
-    assert arch.select_terms(["a"], [90_000], total=100_000) == []
+    assert passages.select_terms(["a", "b"], [4000, 10], total=4000) == ["b", "a"]
+    assert passages.select_terms(["a"], [90_000], total=100_000) == []
 
 
 # -- cursors -----------------------------------------------------------------------------------
