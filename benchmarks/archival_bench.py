@@ -38,8 +38,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from memory._archival_common import NewPassage
 from memory._base import ArchivalStore
-from memory._sqlite_archival import NewPassage, SqliteArchivalStore
+from memory._sqlite_archival import SqliteArchivalStore
 from memory.embedders import Embedder, HashingEmbedder, MiniLMEmbedder
 
 __all__ = ["EMBEDDERS", "QUERIES", "main", "make_embedder", "passages", "queries", "run"]

@@ -33,6 +33,29 @@ from typing import Any, Literal, Self
 
 from checkpointers._pg_db import PostgresDatabase
 from graphexec.errors import MemoryStoreError
+from memory._archival_common import (
+    DEPTH_FACTOR,
+    MAX_TOP_K,
+    MIN_DEPTH,
+    RRF_K,
+    NamespaceState,
+    NewPassage,
+    PassageRow,
+    Seqs,
+    check_embedder,
+    check_limit,
+    check_metadata,
+    check_namespace,
+    check_passage,
+    check_str,
+    check_tags,
+    check_time,
+    cursor_digest,
+    decode_cursor,
+    encode_cursor,
+    passage_of,
+    state_of,
+)
 from memory._base import ArchivalHit, ArchivalStore, Passage, SearchPage
 from memory._pg_common import Conn, no_nul, open_database
 from memory._pg_passages import (
@@ -52,37 +75,16 @@ from memory._pg_passages import (
     Filters,
     insert_rows,
     keyword_terms,
-    state_of,
-)
-from memory._sqlite_archival import (
-    _PARALLEL_ROWS,
-    DEPTH_FACTOR,
-    MAX_TOP_K,
-    MIN_DEPTH,
-    RRF_K,
-    NewPassage,
-    _check_limit,
-    _check_metadata,
-    _check_namespace,
-    _check_str,
-    _check_tags,
-    _check_time,
-    _decode_cursor,
-    _digest,
-    _encode_cursor,
-    _mismatch,
-    _np,
-    _passage,
-    _Row,
-    _row,
-    _Seqs,
-    _State,
-    _top_vectors,
-    _VectorCache,
-    load_vector_cache,
-    scan_vectors,
 )
 from memory._text import rrf
+from memory._vectors import (
+    PARALLEL_ROWS,
+    VectorCache,
+    load_vector_cache,
+    np,
+    scan_vectors,
+    top_vectors,
+)
 from memory.embedders import Embedder, HashingEmbedder, to_bytes
 
 __all__ = ["PostgresArchivalStore"]
@@ -97,7 +99,7 @@ class _Shared:
         self.db = db
         self.embedder = embedder
         self.owns = owns
-        self.caches: dict[int, _VectorCache] = {}
+        self.caches: dict[int, VectorCache] = {}
 
 
 class PostgresArchivalStore(ArchivalStore):
@@ -129,7 +131,7 @@ class PostgresArchivalStore(ArchivalStore):
         embedder: Embedder | None = None,
         schema: str | None = None,
     ) -> None:
-        namespace = _check_namespace(namespace)
+        namespace = check_namespace(namespace)
         db = open_database(dsn, owner=type(self).__name__, schema=schema)
         chosen = embedder if embedder is not None else HashingEmbedder()
         self._init(_Shared(db, chosen, owns=True), namespace)
@@ -144,7 +146,7 @@ class PostgresArchivalStore(ArchivalStore):
         return store
 
     def _init(self, shared: _Shared, namespace: object) -> None:
-        self.namespace = _check_namespace(namespace)
+        self.namespace = check_namespace(namespace)
         for part in self.namespace:
             no_nul(part, f"archival namespace {self.namespace!r}")
         self._ns = json.dumps(list(self.namespace), ensure_ascii=False, separators=(",", ":"))
@@ -234,8 +236,8 @@ class PostgresArchivalStore(ArchivalStore):
             )
         return [to_bytes(v) for v in vectors]
 
-    def _checked(self, passage: NewPassage | str) -> _Row:
-        row = _row(passage)
+    def _checked(self, passage: NewPassage | str) -> PassageRow:
+        row = check_passage(passage)
         no_nul(row.text, "archival passage text")
         for tag in row.tags:
             no_nul(tag, "archival tag")
@@ -243,7 +245,7 @@ class PostgresArchivalStore(ArchivalStore):
             no_nul(row.op_key, "archival op_key")
         return row
 
-    async def _write_rows(self, rows: Sequence[_Row], vectors: Sequence[bytes]) -> list[str]:
+    async def _write_rows(self, rows: Sequence[PassageRow], vectors: Sequence[bytes]) -> list[str]:
         embedder = self._shared.embedder
         pairs = [*zip(rows, vectors, strict=True)]
 
@@ -345,13 +347,13 @@ class PostgresArchivalStore(ArchivalStore):
             MemoryStoreError: Invalid input or an unknown id (nothing is written), or a text
                 change in a namespace that holds another embedder's vectors.
         """
-        _check_str(passage_id, "passage id")
+        check_str(passage_id, "passage id")
         no_nul(passage_id, "archival passage id")
-        new_text = None if text is None else no_nul(_check_str(text, "passage text"), "text")
-        new_tags = None if tags is None else _check_tags(tags)
+        new_text = None if text is None else no_nul(check_str(text, "passage text"), "text")
+        new_tags = None if tags is None else check_tags(tags)
         for tag in new_tags or ():
             no_nul(tag, "archival tag")
-        new_meta = None if metadata is None else _check_metadata(metadata)
+        new_meta = None if metadata is None else check_metadata(metadata)
         vector = None if new_text is None else (await self._embed([new_text]))[0]
         ns, namespace = self._ns, self.namespace
         embedder, dim = self._shared.embedder.name, self._shared.embedder.dim
@@ -372,7 +374,7 @@ class PostgresArchivalStore(ArchivalStore):
                 )
             key = {"seq": found[0][0], "nsid": state.nsid}
             if vector is not None:
-                _mismatch(state, embedder, dim, namespace)
+                check_embedder(state, embedder, dim, namespace)
                 await s.fetch(
                     """UPDATE graphexec_mem_passages SET text = :text, vector = :vector,
                     embedder = :embedder, dim = :dim WHERE seq = :seq""",
@@ -401,7 +403,7 @@ class PostgresArchivalStore(ArchivalStore):
                 {**key, "added": 0, "vectors_changed": changed, "embedder": None, "dim": None},
             )
             [row] = await s.fetch(BY_SEQS, {"nsid": state.nsid, "seqs": [key["seq"]]})
-            return _passage(row)
+            return passage_of(row)
 
         return await self._shared.db.transaction(
             f"archival update of {passage_id!r} in {namespace!r}", body
@@ -409,7 +411,7 @@ class PostgresArchivalStore(ArchivalStore):
 
     async def delete(self, passage_id: str) -> bool:
         """Delete a passage with its tags and vector. Whether it existed."""
-        _check_str(passage_id, "passage id", blank_ok=True)
+        check_str(passage_id, "passage id", blank_ok=True)
         no_nul(passage_id, "archival passage id")
         ns = self._ns
 
@@ -502,13 +504,13 @@ class PostgresArchivalStore(ArchivalStore):
 
     async def get(self, passage_id: str) -> Passage | None:
         """A passage of this namespace by id, or ``None``."""
-        _check_str(passage_id, "passage id", blank_ok=True)
+        check_str(passage_id, "passage id", blank_ok=True)
         if "\x00" in passage_id:
             return None
         rows = await self._shared.db.fetch(
             "archival get", BY_ID, {"ns": self._ns, "id": passage_id}
         )
-        return _passage(rows[0]) if rows else None
+        return passage_of(rows[0]) if rows else None
 
     async def list(
         self, *, tags: Sequence[str] | None = None, limit: int = 100, cursor: str | None = None
@@ -526,14 +528,14 @@ class PostgresArchivalStore(ArchivalStore):
         Raises:
             MemoryStoreError: Invalid arguments, or a cursor from another call.
         """
-        wanted = _check_tags(tags, "tags filter") if tags is not None else ()
-        limit = _check_limit(limit, "list limit")
-        digest = _digest("list", self._ns, sorted(wanted))
+        wanted = check_tags(tags, "tags filter") if tags is not None else ()
+        limit = check_limit(limit, "list limit")
+        digest = cursor_digest("list", self._ns, sorted(wanted))
         params: dict[str, Any] = {"ns": self._ns, "limit": limit + 1}
         if wanted:
             params["tags"] = list(wanted)
         if cursor is not None:
-            at, seq = _decode_cursor(cursor, "list", digest, ("at", "s"))
+            at, seq = decode_cursor(cursor, "list", digest, ("at", "s"))
             params.update(at=at, seq=seq)
         sql = LIST.format(
             filters=(LIST_TAGS if wanted else "")
@@ -544,8 +546,8 @@ class PostgresArchivalStore(ArchivalStore):
         next_cursor = None
         if len(rows) > limit:
             last = page[-1]
-            next_cursor = _encode_cursor({"k": "list", "h": digest, "at": last[4], "s": last[0]})
-        return SearchPage([ArchivalHit(_passage(r), 0.0) for r in page], next_cursor)
+            next_cursor = encode_cursor({"k": "list", "h": digest, "at": last[4], "s": last[0]})
+        return SearchPage([ArchivalHit(passage_of(r), 0.0) for r in page], next_cursor)
 
     async def search(
         self,
@@ -576,22 +578,22 @@ class PostgresArchivalStore(ArchivalStore):
             MemoryStoreError: Invalid arguments, a cursor from another search, or a namespace
                 that holds another embedder's vectors.
         """
-        _check_str(query, "search query", blank_ok=True)
+        check_str(query, "search query", blank_ok=True)
         query = query.replace("\x00", " ")
-        top_k = _check_limit(top_k, "top_k")
+        top_k = check_limit(top_k, "top_k")
         if tag_mode not in ("any", "all"):
             raise MemoryStoreError(f"tag_mode must be 'any' or 'all', got {tag_mode!r}")
-        wanted = _check_tags(tags, "tags filter") if tags is not None else ()
+        wanted = check_tags(tags, "tags filter") if tags is not None else ()
         filters = Filters(
-            wanted or None, tag_mode, _check_time(after, "after"), _check_time(before, "before")
+            wanted or None, tag_mode, check_time(after, "after"), check_time(before, "before")
         )
-        digest = _digest(
+        digest = cursor_digest(
             "search", self._ns, query, sorted(wanted), tag_mode, filters.after, filters.before
         )
         if cursor is None:
             offset, depth = 0, max(MIN_DEPTH, DEPTH_FACTOR * top_k)
         else:
-            offset, depth = _decode_cursor(cursor, "search", digest, ("o", "d"))
+            offset, depth = decode_cursor(cursor, "search", digest, ("o", "d"))
             if not 1 <= depth <= DEPTH_FACTOR * MAX_TOP_K:
                 raise MemoryStoreError("invalid archival cursor: pass back the one a page returned")
         if any("\x00" in tag for tag in wanted):
@@ -599,7 +601,7 @@ class PostgresArchivalStore(ArchivalStore):
         db = self._shared.db
         state = state_of(await db.fetch("archival search", STATE, {"ns": self._ns}))
         embedder = self._shared.embedder
-        _mismatch(state, embedder.name, embedder.dim, self.namespace)
+        check_embedder(state, embedder.name, embedder.dim, self.namespace)
         if state is None or state.passages <= 0:
             return SearchPage()
         by_vector, by_keyword = await asyncio.gather(
@@ -611,11 +613,11 @@ class PostgresArchivalStore(ArchivalStore):
         rows = await db.fetch(
             "archival search", BY_SEQS, {"nsid": state.nsid, "seqs": [seq for seq, _ in page]}
         )
-        found = {r[0]: _passage(r) for r in rows}
+        found = {r[0]: passage_of(r) for r in rows}
         hits = [ArchivalHit(found[seq], score) for seq, score in page if seq in found]
         end = offset + top_k
         next_cursor = (
-            _encode_cursor({"k": "search", "h": digest, "o": end, "d": depth})
+            encode_cursor({"k": "search", "h": digest, "o": end, "d": depth})
             if end < len(fused)
             else None
         )
@@ -623,7 +625,7 @@ class PostgresArchivalStore(ArchivalStore):
 
     async def _keyword_candidates(
         self, query: str, nsid: int, filters: Filters, depth: int
-    ) -> _Seqs:
+    ) -> Seqs:
         terms = keyword_terms(query)
         if not terms:
             return []
@@ -635,16 +637,16 @@ class PostgresArchivalStore(ArchivalStore):
         return [int(r[0]) for r in rows]
 
     async def _vector_candidates(
-        self, query: str, state: _State, filters: Filters, depth: int
-    ) -> _Seqs:
+        self, query: str, state: NamespaceState, filters: Filters, depth: int
+    ) -> Seqs:
         if not query.strip():
             return []
         embedder = self._shared.embedder
         [qvec] = await asyncio.to_thread(embedder.embed, [query])
-        if _np is None:
+        if np is None:
             return await self._scan_vectors(qvec, state, filters, depth)
         cache = await self._cache(state)
-        allowed: _Seqs | None = None
+        allowed: Seqs | None = None
         if filters.tags:
             rows = await self._shared.db.fetch(
                 "archival search",
@@ -659,11 +661,11 @@ class PostgresArchivalStore(ArchivalStore):
             "before": filters.before,
             "depth": depth,
         }
-        if len(snapshot[1]) >= _PARALLEL_ROWS and (allowed is None or len(allowed) > 1000):
-            return await asyncio.to_thread(lambda: _top_vectors(snapshot, qvec, **args))
-        return _top_vectors(snapshot, qvec, **args)
+        if len(snapshot[1]) >= PARALLEL_ROWS and (allowed is None or len(allowed) > 1000):
+            return await asyncio.to_thread(lambda: top_vectors(snapshot, qvec, **args))
+        return top_vectors(snapshot, qvec, **args)
 
-    async def _cache(self, state: _State) -> _VectorCache:
+    async def _cache(self, state: NamespaceState) -> VectorCache:
         """This namespace's vector cache, brought up to ``state`` (loading what is missing)."""
         db = self._shared.db
         return await load_vector_cache(
@@ -674,8 +676,8 @@ class PostgresArchivalStore(ArchivalStore):
         )
 
     async def _scan_vectors(
-        self, qvec: Sequence[float], state: _State, filters: Filters, depth: int
-    ) -> _Seqs:
+        self, qvec: Sequence[float], state: NamespaceState, filters: Filters, depth: int
+    ) -> Seqs:
         """Pure-Python vector candidates: read the filtered vectors in chunks and score them."""
         db = self._shared.db
         sql = VECTORS.format(filters=filters.sql())

@@ -9,9 +9,9 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from memory._archival_common import MAX_QUERY_TERMS, PassageRow, check_embedder, now_us, state_of
 from memory._base import Namespace
 from memory._pg_common import Conn
-from memory._sqlite_archival import MAX_QUERY_TERMS, _mismatch, _now_us, _Row, _State
 from memory._text import STOPWORDS, stem
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "Filters",
     "insert_rows",
     "keyword_terms",
-    "state_of",
 ]
 
 _WORD = re.compile(r"[^\W_]+")
@@ -99,7 +98,7 @@ def keyword_terms(query: str) -> list[str]:
         query: Any text.
 
     Returns:
-        Up to :data:`~memory._sqlite_archival.MAX_QUERY_TERMS` words.
+        Up to :data:`~memory._archival_common.MAX_QUERY_TERMS` words.
     """
     terms: dict[str, str] = {}
     for word in _WORD.findall(query.casefold()):
@@ -142,10 +141,6 @@ class Filters:
         return params
 
 
-def state_of(rows: Sequence[Sequence[Any]]) -> _State | None:
-    return _State(*rows[0]) if rows else None
-
-
 async def insert_rows(
     s: Conn,
     *,
@@ -153,13 +148,13 @@ async def insert_rows(
     namespace: Namespace,
     embedder: str,
     dim: int,
-    rows: Sequence[tuple[_Row, bytes]],
+    rows: Sequence[tuple[PassageRow, bytes]],
 ) -> list[str]:
     """Transaction body: lock the namespace, insert rows (skipping known op keys), bump it."""
     await s.fetch(_NEW_NS, {"ns": ns})
     state = state_of(await s.fetch(LOCK_STATE, {"ns": ns}))
     assert state is not None
-    _mismatch(state, embedder, dim, namespace)
+    check_embedder(state, embedder, dim, namespace)
     nsid = state.nsid
     keys = [row.op_key for row, _ in rows if row.op_key is not None]
     known: dict[str, str] = {}
@@ -169,7 +164,7 @@ async def insert_rows(
             for k, pid in await s.fetch(_KNOWN_OPS, {"nsid": nsid, "keys": list(set(keys))})
         }
     ids: list[str] = []
-    fresh: list[tuple[_Row, bytes]] = []
+    fresh: list[tuple[PassageRow, bytes]] = []
     new_ops: dict[str, str] = {}
     for row, vector in rows:
         if row.op_key is not None:
@@ -191,7 +186,7 @@ async def insert_rows(
             "ids": [r.id for r, _ in fresh],
             "texts": [r.text for r, _ in fresh],
             "metas": [r.metadata for r, _ in fresh],
-            "times": [_now_us() for _ in fresh],
+            "times": [now_us() for _ in fresh],
             "vectors": [v for _, v in fresh],
         },
     )

@@ -23,707 +23,96 @@ applied inside their queries, before any limit, so a filter never hides matches:
 
 The top ``max(50, 5 * top_k)`` of each list are fused by reciprocal rank fusion (k=60). Pages
 of one search are slices of that one fused ranking (the cursor carries its depth and offset).
+
+This module holds the store. Its schema, statements, filters, keyword terms and insert body
+are in :mod:`memory._sqlite_passages`; what it shares with the PostgreSQL store is in
+:mod:`memory._archival_common` (validation, cursors, values) and :mod:`memory._vectors`
+(vector caching and scoring).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import functools
-import hashlib
-import heapq
-import importlib
 import json
 import math
 import os
 import sqlite3
-import threading
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, Self
+from typing import Any, Literal, Self
 
 from checkpointers._sqlite_db import SqliteDatabase, fetch
 from graphexec.errors import MemoryStoreError
-from memory._base import ArchivalHit, ArchivalStore, Namespace, Passage, SearchPage
-from memory._text import STOPWORDS, rrf, stem, words
-from memory.embedders import Embedder, HashingEmbedder, cosine_many, to_bytes
-
-__all__ = ["MIGRATIONS", "VERSION_TABLE", "NewPassage", "SqliteArchivalStore"]
-
-try:
-    _np: Any = importlib.import_module("numpy")
-except ImportError:  # pragma: no cover - numpy is installed wherever the tests run
-    _np = None
-
-VERSION_TABLE = "graphexec_archival_schema"
-MAX_TOP_K = 1000
-"""Largest ``top_k`` (and ``list`` limit) accepted."""
-MIN_DEPTH = 50
-"""Candidates taken from each list before fusion: ``max(MIN_DEPTH, DEPTH_FACTOR * top_k)``."""
-DEPTH_FACTOR = 5
-MIN_COVERAGE = 0.5
-"""Fraction of the query's distinct terms a passage needs to be a keyword candidate."""
-RRF_K = 60
-MAX_QUERY_TERMS = 32
-"""Distinct query words considered for keyword search; the rest of a longer query is ignored."""
-MAX_KEYWORD_TERMS = 8
-"""Of those, the most selective ones (fewest passages) that the keyword query uses."""
-COMMON_TERM_SHARE = 0.25
-COMMON_TERM_FLOOR = 5000
-"""A word found in more than ``max(COMMON_TERM_FLOOR, COMMON_TERM_SHARE * passages)`` passages
-is dropped from keyword search, like a stopword: its BM25 weight there is below a sixth of a
-rare word's, and scoring every passage that holds it would dominate the search's cost."""
-_CHUNK = 4096
-_DIGITS = 6  # similarity digits that count: float32 carries about seven
-_PARALLEL_ROWS = 20_000  # score bigger matrices in a worker thread, off the event loop
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-
-MIGRATIONS: tuple[str, ...] = (
-    # 0: the version table (SqliteDatabase creates it before reading it)
-    f"""CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (
-        version INTEGER PRIMARY KEY,
-        applied_at REAL NOT NULL
-    )""",
-    # 1: one row per namespace: its exact name (JSON array), embedder and change counters.
-    # ``version`` is bumped by every write, ``epoch`` by every write that changes or removes
-    # a vector; in-process vector caches compare both.
-    """CREATE TABLE archival_namespaces (
-        nsid INTEGER PRIMARY KEY,
-        ns TEXT NOT NULL UNIQUE,
-        embedder TEXT,
-        dim INTEGER,
-        passages INTEGER NOT NULL DEFAULT 0,
-        version INTEGER NOT NULL DEFAULT 0,
-        epoch INTEGER NOT NULL DEFAULT 0
-    )""",
-    """CREATE TABLE archival_passages (
-        seq INTEGER PRIMARY KEY,
-        id TEXT NOT NULL UNIQUE,
-        nsid INTEGER NOT NULL REFERENCES archival_namespaces (nsid),
-        text TEXT NOT NULL,
-        metadata TEXT NOT NULL,
-        created_at INTEGER NOT NULL,
-        embedder TEXT NOT NULL,
-        dim INTEGER NOT NULL,
-        vector BLOB NOT NULL
-    )""",
-    "CREATE INDEX archival_passages_by_ns ON archival_passages (nsid)",
-    "CREATE INDEX archival_passages_by_time ON archival_passages (nsid, created_at)",
-    # Keyword search checks namespace and dates for every full-text match: this covering index
-    # answers that from small entries instead of the rows, which carry the vectors (2x faster).
-    "CREATE INDEX archival_passages_filter ON archival_passages (seq, nsid, created_at)",
-    """CREATE TABLE archival_tags (
-        nsid INTEGER NOT NULL,
-        tag TEXT NOT NULL,
-        passage INTEGER NOT NULL,
-        pos INTEGER NOT NULL,
-        PRIMARY KEY (nsid, tag, passage)
-    ) WITHOUT ROWID""",
-    "CREATE INDEX archival_tags_by_passage ON archival_tags (passage, pos)",
-    """CREATE TABLE archival_op_keys (
-        nsid INTEGER NOT NULL,
-        op_key TEXT NOT NULL,
-        passage_id TEXT NOT NULL,
-        PRIMARY KEY (nsid, op_key)
-    ) WITHOUT ROWID""",
-    """CREATE VIRTUAL TABLE archival_fts USING fts5(
-        text, content='archival_passages', content_rowid='seq', tokenize='porter unicode61'
-    )""",
-    """CREATE TRIGGER archival_fts_insert AFTER INSERT ON archival_passages BEGIN
-        INSERT INTO archival_fts (rowid, text) VALUES (new.seq, new.text);
-    END""",
-    """CREATE TRIGGER archival_fts_delete AFTER DELETE ON archival_passages BEGIN
-        INSERT INTO archival_fts (archival_fts, rowid, text) VALUES ('delete', old.seq, old.text);
-    END""",
-    """CREATE TRIGGER archival_fts_update AFTER UPDATE OF text ON archival_passages BEGIN
-        INSERT INTO archival_fts (archival_fts, rowid, text) VALUES ('delete', old.seq, old.text);
-        INSERT INTO archival_fts (rowid, text) VALUES (new.seq, new.text);
-    END""",
+from memory._archival_common import (
+    DEPTH_FACTOR,
+    MAX_TOP_K,
+    MIN_DEPTH,
+    RRF_K,
+    NamespaceState,
+    NewPassage,
+    PassageRow,
+    Seqs,
+    check_embedder,
+    check_limit,
+    check_metadata,
+    check_namespace,
+    check_passage,
+    check_str,
+    check_tags,
+    check_time,
+    cursor_digest,
+    decode_cursor,
+    encode_cursor,
+    passage_of,
+    state_of,
 )
-"""The schema, index = version (the scheme of :class:`~checkpointers._sqlite_db.SqliteDatabase`)."""
-
-# -- SQL -------------------------------------------------------------------------------------
-# Only these constant fragments are ever put together; every caller value is a parameter.
-
-_STATE = (
-    "SELECT nsid, embedder, dim, passages, version, epoch FROM archival_namespaces WHERE ns = :ns"
+from memory._base import ArchivalHit, ArchivalStore, Passage, SearchPage
+from memory._sqlite_passages import (
+    BUMP,
+    BY_ID,
+    BY_SEQS,
+    COVERAGE,
+    INSERT_TAG,
+    KEYWORD,
+    KEYWORD_WHOLE_FILE,
+    LIST,
+    LIST_AFTER_CURSOR,
+    LIST_TAGS,
+    MIGRATIONS,
+    MIN_COVERAGE,
+    SEARCH_STATE,
+    STATE,
+    TAGS_ALL,
+    TAGS_ALL_FTS,
+    TAGS_ANY,
+    TAGS_ANY_FTS,
+    TERM_COUNTS,
+    VECTORS,
+    VERSION_TABLE,
+    Filters,
+    fts_terms,
+    insert_rows,
+    select_terms,
 )
-# The same, with the whole file's passage count and write counter (for the term-count cache).
-_SEARCH_STATE = """SELECT nsid, embedder, dim, passages, version, epoch,
-    (SELECT sum(passages) FROM archival_namespaces), (SELECT sum(version) FROM archival_namespaces)
-    FROM archival_namespaces WHERE ns = :ns"""
-_PASSAGE_COLUMNS = """p.seq, p.id, p.text, p.metadata, p.created_at,
-    (SELECT json_group_array(tag) FROM (
-        SELECT t.tag FROM archival_tags AS t WHERE t.passage = p.seq ORDER BY t.pos))"""
-_BY_SEQS = f"""SELECT {_PASSAGE_COLUMNS} FROM archival_passages AS p
-    WHERE p.nsid = :nsid AND p.seq IN (SELECT value FROM json_each(:seqs))"""
-_BY_ID = f"""SELECT {_PASSAGE_COLUMNS} FROM archival_passages AS p
-    JOIN archival_namespaces AS n ON n.nsid = p.nsid WHERE n.ns = :ns AND p.id = :id"""
-_TAGS_ANY = """SELECT passage FROM archival_tags
-    WHERE nsid = :nsid AND tag IN (SELECT value FROM json_each(:tags))"""
-_TAGS_ALL = _TAGS_ANY + " GROUP BY passage HAVING count(*) = :ntags"
-_AFTER = " AND p.created_at > :after"
-_BEFORE = " AND p.created_at < :before"
-# CROSS JOIN fixes the loop order (full-text matches outside): the planner may otherwise run
-# the MATCH once per passage of the namespace, a hundred times slower.
-_KEYWORD = """SELECT archival_fts.rowid FROM archival_fts
-    CROSS JOIN archival_passages AS p INDEXED BY archival_passages_filter
-    ON p.seq = archival_fts.rowid
-    WHERE archival_fts MATCH :match AND p.nsid = :nsid{filters}
-    ORDER BY bm25(archival_fts), archival_fts.rowid LIMIT :depth"""
-_TERM_COUNTS = """SELECT j.value,
-    (SELECT count(*) FROM archival_fts WHERE archival_fts MATCH j.value)
-    FROM json_each(:terms) AS j"""
-# When the namespace holds every passage of the file and no date filter applies, the join that
-# checks namespace and dates is redundant: full-text matches are candidates as they are.
-_KEYWORD_WHOLE_FILE = """SELECT archival_fts.rowid FROM archival_fts
-    WHERE archival_fts MATCH :match{filters}
-    ORDER BY bm25(archival_fts), archival_fts.rowid LIMIT :depth"""
-# The unary + keeps SQLite from driving the full-text lookup from the tag list (once per row).
-_TAGS_ANY_FTS = """ AND +archival_fts.rowid IN (SELECT passage FROM archival_tags
-    WHERE nsid = :nsid AND tag IN (SELECT value FROM json_each(:tags)))"""
-_TAGS_ALL_FTS = """ AND +archival_fts.rowid IN (SELECT passage FROM archival_tags
-    WHERE nsid = :nsid AND tag IN (SELECT value FROM json_each(:tags))
-    GROUP BY passage HAVING count(*) = :ntags)"""
-_COVERAGE = """ AND +archival_fts.rowid IN (
-    SELECT g.rowid FROM json_each(:terms) AS j
-    JOIN archival_fts AS g ON g.archival_fts MATCH j.value
-    GROUP BY g.rowid HAVING count(*) >= :need)"""
-_VECTORS = """SELECT p.seq, p.created_at, p.vector FROM archival_passages AS p
-    WHERE p.nsid = :nsid AND p.embedder = :embedder AND p.dim = :dim AND p.seq > :start{filters}
-    ORDER BY p.seq LIMIT :chunk"""
-_VECTORS_ALL = _VECTORS.format(filters="")
-
-_LIST = f"""SELECT {_PASSAGE_COLUMNS} FROM archival_passages AS p
-    JOIN archival_namespaces AS n ON n.nsid = p.nsid WHERE n.ns = :ns{{filters}}
-    ORDER BY p.created_at DESC, p.seq DESC LIMIT :limit"""
-_LIST_TAGS = """ AND p.seq IN (SELECT passage FROM archival_tags
-    WHERE nsid = n.nsid AND tag IN (SELECT value FROM json_each(:tags)))"""
-_LIST_AFTER_CURSOR = " AND (p.created_at < :at OR (p.created_at = :at AND p.seq < :seq))"
-_INSERT = """INSERT INTO archival_passages
-    (id, nsid, text, metadata, created_at, embedder, dim, vector)
-    VALUES (:id, :nsid, :text, :metadata, :created_at, :embedder, :dim, :vector) RETURNING seq"""
-_INSERT_TAG = "INSERT INTO archival_tags (nsid, tag, passage, pos) VALUES (?, ?, ?, ?)"
-_BUMP = """UPDATE archival_namespaces SET passages = passages + :added, version = version + 1,
-    epoch = epoch + :vectors_changed, embedder = coalesce(:embedder, embedder),
-    dim = coalesce(:dim, dim) WHERE nsid = :nsid"""
-
-
-# -- values ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class NewPassage:
-    """One passage for :meth:`SqliteArchivalStore.insert_many`.
-
-    Attributes:
-        text: The passage (non-empty).
-        tags: Its tags (non-empty strings).
-        metadata: JSON-compatible metadata.
-        op_key: Makes this insert idempotent, as in :meth:`SqliteArchivalStore.insert`.
-    """
-
-    text: str
-    tags: Sequence[str] = ()
-    metadata: Mapping[str, Any] | None = None
-    op_key: str | None = None
-
-
-_Seqs = list[int]
-_Heap = list[tuple[float, int]]
-
-
-class _State(NamedTuple):
-    nsid: int
-    embedder: str | None
-    dim: int | None
-    passages: int
-    version: int
-    epoch: int
-    file_passages: int = -1
-    """Passages of every namespace in the file (search only; -1 when not read)."""
-    file_version: int = -1
-    """Sum of every namespace's version: changes with any write to the file (search only)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """A validated passage ready to write (the vector comes later)."""
-
-    id: str
-    text: str
-    tags: tuple[str, ...]
-    metadata: str
-    op_key: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Filters:
-    tags: tuple[str, ...] | None
-    tag_mode: Literal["any", "all"]
-    after: int | None
-    before: int | None
-
-    def sql(self) -> str:
-        out = ""
-        if self.tags:
-            out += f" AND p.seq IN ({_TAGS_ALL if self.tag_mode == 'all' else _TAGS_ANY})"
-        if self.after is not None:
-            out += _AFTER
-        if self.before is not None:
-            out += _BEFORE
-        return out
-
-    def params(self, nsid: int) -> dict[str, Any]:
-        params: dict[str, Any] = {"nsid": nsid}
-        if self.tags:
-            params["tags"] = json.dumps(self.tags)
-            params["ntags"] = len(self.tags)
-        if self.after is not None:
-            params["after"] = self.after
-        if self.before is not None:
-            params["before"] = self.before
-        return params
-
-
-# -- validation ------------------------------------------------------------------------------
-
-
-def _check_str(value: object, what: str, *, blank_ok: bool = False) -> str:
-    if not isinstance(value, str):
-        raise MemoryStoreError(f"archival {what} must be a str, got {type(value).__name__}")
-    if not blank_ok and not value.strip():
-        raise MemoryStoreError(f"archival {what} must not be empty or blank")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise MemoryStoreError(f"archival {what} is not valid Unicode text ({e.reason})") from e
-    return value
-
-
-def _check_namespace(namespace: object) -> Namespace:
-    if not isinstance(namespace, tuple):
-        raise MemoryStoreError(
-            f"archival namespace must be a tuple of strings, got {namespace!r}; e.g. ('user', '42')"
-        )
-    for part in namespace:
-        if not isinstance(part, str) or not part:
-            raise MemoryStoreError(
-                f"archival namespace {namespace!r}: every part must be a non-empty str"
-            )
-        _check_str(part, "namespace part")
-    return namespace
-
-
-def _check_tags(tags: object, what: str = "tags") -> tuple[str, ...]:
-    if isinstance(tags, str | bytes) or not isinstance(tags, Iterable):
-        raise MemoryStoreError(
-            f"archival {what} must be a sequence of strings, got {tags!r}; for one tag write "
-            f"[{tags!r}]"
-        )
-    out: dict[str, None] = {}
-    for tag in tags:
-        if not isinstance(tag, str) or not tag:
-            raise MemoryStoreError(
-                f"archival {what}: every tag must be a non-empty str, got {tag!r}"
-            )
-        out[_check_str(tag, "tag", blank_ok=True)] = None
-    return tuple(out)
-
-
-def _check_json(value: object, path: str) -> None:
-    if value is None or isinstance(value, bool | int | str):
-        if isinstance(value, str):
-            _check_str(value, f"metadata value at {path}", blank_ok=True)
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise MemoryStoreError(f"archival metadata at {path} is {value}: JSON has no NaN/inf")
-        return
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_json(item, f"{path}[{i}]")
-        return
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise MemoryStoreError(f"archival metadata at {path}: key {key!r} is not a str")
-            _check_json(item, f"{path}[{key!r}]")
-        return
-    raise MemoryStoreError(
-        f"archival metadata at {path} is a {type(value).__name__}, which is not JSON-compatible "
-        "(use dicts, lists, str, int, float, bool or None)"
-    )
-
-
-def _check_metadata(metadata: object) -> str:
-    if metadata is None:
-        return "{}"
-    if not isinstance(metadata, Mapping):
-        raise MemoryStoreError(f"archival metadata must be a mapping, got {metadata!r}")
-    _check_json(metadata, "metadata")
-    return json.dumps(metadata, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-def _check_op_key(op_key: object) -> str | None:
-    return None if op_key is None else _check_str(op_key, "op_key")
-
-
-def _check_time(value: object, name: str) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, datetime) or value.utcoffset() is None:
-        raise MemoryStoreError(
-            f"archival search {name}= must be a timezone-aware datetime (e.g. "
-            f"datetime.now(UTC)), got {value!r}"
-        )
-    return (value - _EPOCH) // _US
-
-
-def _check_limit(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOP_K:
-        raise MemoryStoreError(
-            f"archival {name} must be an int from 1 to {MAX_TOP_K}, got {value!r}"
-        )
-    return value
-
-
-def _row(passage: NewPassage | str) -> _Row:
-    if isinstance(passage, str):
-        passage = NewPassage(passage)
-    elif not isinstance(passage, NewPassage):
-        raise MemoryStoreError(f"insert_many takes str or NewPassage items, got {passage!r}")
-    return _Row(
-        id=str(uuid.uuid4()),
-        text=_check_str(passage.text, "passage text"),
-        tags=_check_tags(passage.tags),
-        metadata=_check_metadata(passage.metadata),
-        op_key=_check_op_key(passage.op_key),
-    )
-
-
-# -- query text and cursors ------------------------------------------------------------------
-
-
-def _quote(token: str) -> str:
-    return '"' + token.replace('"', '""') + '"'
-
-
-def fts_terms(query: str) -> list[str]:
-    """The FTS5 expressions, one per distinct content word of ``query``, for keyword search.
-
-    Every word is quoted, so nothing a user types can become FTS5 syntax (operators, column
-    filters, prefix stars). Stopwords are dropped. A hyphenated compound becomes one term that
-    matches either spelling (``wi-fi``: ``"wi fi" OR "wifi"``). Words sharing a stem count once.
-
-    Args:
-        query: Any text.
-
-    Returns:
-        Up to :data:`MAX_QUERY_TERMS` FTS5 expressions (empty when nothing is searchable).
-    """
-    terms: dict[str, str] = {}
-    for chunk in query.split():
-        found = words(chunk)
-        if len(found) >= 3 and found[-1] == "".join(found[:-1]):
-            joined = found[-1]
-            if joined not in STOPWORDS:
-                expr = f"({_quote(' '.join(found[:-1]))} OR {_quote(joined)})"
-                terms.setdefault(stem(joined), expr)
-            continue
-        for word in found:
-            if word not in STOPWORDS:
-                terms.setdefault(stem(word), _quote(word))
-    return list(terms.values())[:MAX_QUERY_TERMS]
-
-
-def select_terms(terms: Sequence[str], counts: Sequence[int], total: int) -> list[str]:
-    """Choose the keyword query's terms by how many passages hold each.
-
-    Args:
-        terms: FTS5 expressions from :func:`fts_terms`.
-        counts: Passages (in the whole file) matching each term.
-        total: Passages in the whole file.
-
-    Returns:
-        Up to :data:`MAX_KEYWORD_TERMS` terms, fewest matches first, without the common ones
-        (see :data:`COMMON_TERM_FLOOR`).
-    """
-    limit = max(COMMON_TERM_FLOOR, COMMON_TERM_SHARE * total)
-    kept = sorted(
-        (count, i) for i, count in enumerate(counts) if count <= limit
-    )  # ties keep query order
-    return [terms[i] for _, i in kept[:MAX_KEYWORD_TERMS]]
-
-
-def _digest(*parts: object) -> str:
-    text = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
-
-
-def _encode_cursor(payload: Mapping[str, Any]) -> str:
-    raw = json.dumps(payload, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def _decode_cursor(cursor: object, kind: str, digest: str, fields: Sequence[str]) -> list[int]:
-    if not isinstance(cursor, str):
-        raise MemoryStoreError(f"archival cursor must be a str, got {cursor!r}")
-    try:
-        payload = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise MemoryStoreError(
-            "invalid archival cursor: pass back the cursor a previous page returned"
-        ) from e
-    values = [payload.get(f) for f in fields] if isinstance(payload, dict) else []
-    if (
-        not isinstance(payload, dict)
-        or payload.get("k") != kind
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
-    ):
-        raise MemoryStoreError(
-            f"invalid archival cursor for {kind}(): pass back the cursor a previous page returned"
-        )
-    if payload.get("h") != digest:
-        raise MemoryStoreError(
-            f"this cursor belongs to a different {kind}(): the query, filters or namespace "
-            "changed; repeat the first call without a cursor"
-        )
-    return [int(v) for v in values if isinstance(v, int)]
-
-
-# -- rows ------------------------------------------------------------------------------------
-
-_clock_lock = threading.Lock()
-_last_us = 0
-
-
-def _now_us() -> int:
-    """Microseconds since the epoch, strictly increasing within this process."""
-    global _last_us
-    with _clock_lock:
-        _last_us = max(time.time_ns() // 1000, _last_us + 1)
-        return _last_us
-
-
-def _passage(row: Sequence[Any]) -> Passage:
-    _, pid, text, metadata, created_at, tags = row
-    return Passage(
-        id=pid,
-        text=text,
-        tags=tuple(json.loads(tags)),
-        metadata=json.loads(metadata),
-        created_at=_EPOCH + int(created_at) * _US,
-    )
-
-
-def _state(rows: Sequence[Sequence[Any]]) -> _State | None:
-    return _State(*rows[0]) if rows else None
-
-
-def _mismatch(state: _State | None, embedder: str, dim: int, namespace: Namespace) -> None:
-    if state is None or state.passages == 0 or state.embedder is None:
-        return
-    if (state.embedder, state.dim) != (embedder, dim):
-        raise MemoryStoreError(
-            f"archival namespace {namespace!r} holds vectors from embedder {state.embedder!r} "
-            f"(dim {state.dim}), but this store uses {embedder!r} (dim {dim}); vectors of "
-            "different models cannot be compared. Open the store with the same embedder, or "
-            "call reembed() to recompute every vector with this one"
-        )
-
-
-def _insert_rows(
-    db: sqlite3.Connection,
-    *,
-    ns: str,
-    namespace: Namespace,
-    embedder: str,
-    dim: int,
-    rows: Sequence[tuple[_Row, bytes]],
-) -> list[str]:
-    """Transaction body: insert rows (skipping known op keys) and bump the namespace."""
-    state = _state(fetch(db, _STATE, {"ns": ns}))
-    _mismatch(state, embedder, dim, namespace)
-    if state is None:
-        [(nsid,)] = fetch(
-            db, "INSERT INTO archival_namespaces (ns) VALUES (:ns) RETURNING nsid", {"ns": ns}
-        )
-    else:
-        nsid = state.nsid
-    ids: list[str] = []
-    added = 0
-    for row, vector in rows:
-        if row.op_key is not None:
-            known = fetch(
-                db,
-                "SELECT passage_id FROM archival_op_keys WHERE nsid = :nsid AND op_key = :op_key",
-                {"nsid": nsid, "op_key": row.op_key},
-            )
-            if known:
-                ids.append(known[0][0])
-                continue
-            fetch(
-                db,
-                "INSERT INTO archival_op_keys (nsid, op_key, passage_id) "
-                "VALUES (:nsid, :op_key, :id)",
-                {"nsid": nsid, "op_key": row.op_key, "id": row.id},
-            )
-        [(seq,)] = fetch(
-            db,
-            _INSERT,
-            {
-                "id": row.id,
-                "nsid": nsid,
-                "text": row.text,
-                "metadata": row.metadata,
-                "created_at": _now_us(),
-                "embedder": embedder,
-                "dim": dim,
-                "vector": vector,
-            },
-        )
-        db.executemany(_INSERT_TAG, [(nsid, tag, seq, i) for i, tag in enumerate(row.tags)])
-        ids.append(row.id)
-        added += 1
-    if added:
-        fetch(
-            db,
-            _BUMP,
-            {"nsid": nsid, "added": added, "vectors_changed": 0, "embedder": embedder, "dim": dim},
-        )
-    return ids
-
-
-# -- vectors ---------------------------------------------------------------------------------
-
-
-class _VectorCache:
-    """One namespace's vectors in memory (numpy), grown in place as rows are appended.
-
-    Rows are kept in ``seq`` order, L2-normalised. Appends never move rows a reader already
-    holds (a full buffer is copied to a new, larger one), so snapshots stay valid while a
-    worker thread scores them.
-    """
-
-    def __init__(self, *, embedder: str, dim: int, epoch: int, capacity: int) -> None:
-        self.embedder = embedder
-        self.dim = dim
-        self.epoch = epoch
-        self.version = -1
-        self._lock = threading.Lock()
-        capacity = max(capacity, 1024)
-        self._matrix: Any = _np.empty((capacity, dim), dtype=_np.float32)
-        self._seqs: Any = _np.empty(capacity, dtype=_np.int64)
-        self._created: Any = _np.empty(capacity, dtype=_np.int64)
-        self._n = 0
-
-    def last_seq(self) -> int:
-        with self._lock:
-            return int(self._seqs[self._n - 1]) if self._n else 0
-
-    def append(self, rows: Sequence[Sequence[Any]]) -> None:
-        """Add ``(seq, created_at, vector bytes)`` rows, ascending; known seqs are skipped."""
-        with self._lock:
-            last = int(self._seqs[self._n - 1]) if self._n else 0
-            fresh = [r for r in rows if r[0] > last]
-            if not fresh:
-                return
-            end = self._n + len(fresh)
-            if end > len(self._seqs):
-                capacity = max(end, 2 * len(self._seqs))
-                matrix = _np.empty((capacity, self.dim), dtype=_np.float32)
-                seqs = _np.empty(capacity, dtype=_np.int64)
-                created = _np.empty(capacity, dtype=_np.int64)
-                matrix[: self._n] = self._matrix[: self._n]
-                seqs[: self._n] = self._seqs[: self._n]
-                created[: self._n] = self._created[: self._n]
-                self._matrix, self._seqs, self._created = matrix, seqs, created
-            block = _np.frombuffer(b"".join(r[2] for r in fresh), dtype="<f4")
-            block = block.reshape(len(fresh), self.dim).astype(_np.float64)  # no underflow
-            norms = _np.linalg.norm(block, axis=1, keepdims=True)
-            self._matrix[self._n : end] = block / _np.where(norms > 0, norms, 1.0)
-            self._seqs[self._n : end] = [r[0] for r in fresh]
-            self._created[self._n : end] = [r[1] for r in fresh]
-            self._n = end
-
-    def snapshot(self) -> tuple[Any, Any, Any]:
-        """``(matrix, seqs, created_at)`` views of the rows loaded so far."""
-        with self._lock:
-            n = self._n
-            return self._matrix[:n], self._seqs[:n], self._created[:n]
-
-
-def _top_vectors(
-    snapshot: tuple[Any, Any, Any],
-    query: Sequence[float],
-    *,
-    allowed: Sequence[int] | None,
-    after: int | None,
-    before: int | None,
-    depth: int,
-) -> list[int]:
-    """The ``depth`` most similar rows (positive cosine only), best first, as seqs."""
-    matrix, seqs, created = snapshot
-    q = _np.asarray(query, dtype=_np.float64)
-    norm = float(_np.linalg.norm(q))
-    if norm == 0.0 or not len(seqs):
-        return []
-    q = (q / norm).astype(_np.float32)
-    idx: Any = None
-    if allowed is not None:
-        wanted = _np.asarray(sorted(allowed), dtype=_np.int64)
-        pos = _np.minimum(_np.searchsorted(seqs, wanted), len(seqs) - 1)
-        idx = pos[seqs[pos] == wanted]
-    if after is not None or before is not None:
-        times = created if idx is None else created[idx]
-        keep = _np.ones(len(times), dtype=bool)
-        if after is not None:
-            keep &= times > after
-        if before is not None:
-            keep &= times < before
-        idx = _np.flatnonzero(keep) if idx is None else idx[keep]
-    # einsum, not ``matrix @ q``: the product is memory-bound, and a multi-threaded BLAS
-    # spends twice the CPU for it and stalls when the cores are busy (measured at 100k rows:
-    # 5 ms CPU single-threaded vs 11-15 ms with OpenBLAS threads; see benchmarks/).
-    if idx is None:
-        raw, cands = _np.einsum("ij,j->i", matrix, q), seqs
-    elif 8 * len(idx) > len(seqs):  # cheaper to score every row than to copy a big subset
-        raw, cands = _np.einsum("ij,j->i", matrix, q)[idx], seqs[idx]
-    else:
-        raw, cands = _np.einsum("ij,j->i", matrix[idx], q), seqs[idx]
-    # Rounded to float32 precision: equal vectors tie whatever row BLAS computed them in, and
-    # ties go to the older passage (lower seq), as in the pure-Python scan.
-    scores = _np.round(raw, _DIGITS)
-    positive = scores > 0
-    scores, cands = scores[positive], cands[positive]
-    if len(scores) > depth:
-        part = _np.argpartition(-scores, depth - 1)[:depth]
-        scores, cands = scores[part], cands[part]
-    order = _np.lexsort((cands, -scores))
-    return [int(s) for s in cands[order]]
-
-
-def _merge_top(
-    heap: list[tuple[float, int]], rows: Sequence[Sequence[Any]], sims: Sequence[float], depth: int
-) -> None:
-    """Keep the ``depth`` best ``(score, -seq)`` pairs of a chunk scan in a min-heap."""
-    for row, sim in zip(rows, sims, strict=True):
-        score = round(sim, _DIGITS)
-        if score <= 0:
-            continue
-        item = (score, -int(row[0]))
-        if len(heap) < depth:
-            heapq.heappush(heap, item)
-        elif item > heap[0]:
-            heapq.heapreplace(heap, item)
+from memory._text import rrf
+from memory._vectors import (
+    PARALLEL_ROWS,
+    VectorCache,
+    load_vector_cache,
+    np,
+    scan_vectors,
+    top_vectors,
+)
+from memory.embedders import Embedder, HashingEmbedder, to_bytes
+
+# NewPassage (insert_many items) is listed too: memory/__init__.py resolves it from here.
+__all__ = ["NewPassage", "SqliteArchivalStore"]
+
+_VECTORS_ALL = VECTORS.format(filters="")
 
 
 # -- the store -------------------------------------------------------------------------------
@@ -735,7 +124,7 @@ class _Shared:
     def __init__(self, db: SqliteDatabase, embedder: Embedder) -> None:
         self.db = db
         self.embedder = embedder
-        self.caches: dict[int, _VectorCache] = {}
+        self.caches: dict[int, VectorCache] = {}
         # Passages matching each full-text term, valid while the file's write counter is
         # ``term_counts_version`` (any write anywhere in the file changes it).
         self.term_counts: dict[str, int] = {}
@@ -779,7 +168,7 @@ class SqliteArchivalStore(ArchivalStore):
         namespace: tuple[str, ...] = (),
         embedder: Embedder | None = None,
     ) -> None:
-        namespace = _check_namespace(namespace)
+        namespace = check_namespace(namespace)
         database = ":memory:" if path is None else path
         db = SqliteDatabase(
             database,
@@ -790,7 +179,7 @@ class SqliteArchivalStore(ArchivalStore):
         self._init(_Shared(db, embedder if embedder is not None else HashingEmbedder()), namespace)
 
     def _init(self, shared: _Shared, namespace: object) -> None:
-        self.namespace = _check_namespace(namespace)
+        self.namespace = check_namespace(namespace)
         self._ns = json.dumps(list(self.namespace), ensure_ascii=False, separators=(",", ":"))
         self._shared = shared
 
@@ -894,10 +283,10 @@ class SqliteArchivalStore(ArchivalStore):
         )
         return str(rows[0][0]) if rows else None
 
-    async def _write_rows(self, rows: Sequence[_Row], vectors: Sequence[bytes]) -> list[str]:
+    async def _write_rows(self, rows: Sequence[PassageRow], vectors: Sequence[bytes]) -> list[str]:
         embedder = self._shared.embedder
         body = functools.partial(
-            _insert_rows,
+            insert_rows,
             ns=self._ns,
             namespace=self.namespace,
             embedder=embedder.name,
@@ -933,7 +322,7 @@ class SqliteArchivalStore(ArchivalStore):
             MemoryStoreError: Invalid input (nothing is written), or the namespace holds
                 vectors of another embedder.
         """
-        row = _row(NewPassage(text, tags=tags, metadata=metadata, op_key=op_key))
+        row = check_passage(NewPassage(text, tags=tags, metadata=metadata, op_key=op_key))
         if row.op_key is not None:
             known = await self._known_op_key(row.op_key)
             if known is not None:
@@ -962,7 +351,7 @@ class SqliteArchivalStore(ArchivalStore):
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise MemoryStoreError(f"batch_size must be a positive int, got {batch_size!r}")
-        rows = [_row(p) for p in passages]
+        rows = [check_passage(p) for p in passages]
         ids: list[str] = []
         for start in range(0, len(rows), batch_size):
             batch = rows[start : start + batch_size]
@@ -988,10 +377,10 @@ class SqliteArchivalStore(ArchivalStore):
             MemoryStoreError: Invalid input or an unknown id (nothing is written), or a text
                 change in a namespace that holds another embedder's vectors.
         """
-        _check_str(passage_id, "passage id")
-        new_text = None if text is None else _check_str(text, "passage text")
-        new_tags = None if tags is None else _check_tags(tags)
-        new_meta = None if metadata is None else _check_metadata(metadata)
+        check_str(passage_id, "passage id")
+        new_text = None if text is None else check_str(text, "passage text")
+        new_tags = None if tags is None else check_tags(tags)
+        new_meta = None if metadata is None else check_metadata(metadata)
         vector = None if new_text is None else (await self._embed([new_text]))[0]
         ns, namespace = self._ns, self.namespace
         embedder, dim = self._shared.embedder.name, self._shared.embedder.dim
@@ -1010,7 +399,7 @@ class SqliteArchivalStore(ArchivalStore):
             [(seq, nsid)] = found
             key = {"seq": seq, "nsid": nsid}
             if vector is not None:
-                _mismatch(_state(fetch(db, _STATE, {"ns": ns})), embedder, dim, namespace)
+                check_embedder(state_of(fetch(db, STATE, {"ns": ns})), embedder, dim, namespace)
                 fetch(
                     db,
                     """UPDATE archival_passages SET text = :text, vector = :vector,
@@ -1025,21 +414,21 @@ class SqliteArchivalStore(ArchivalStore):
                 )
             if new_tags is not None:
                 fetch(db, "DELETE FROM archival_tags WHERE passage = :seq", key)
-                db.executemany(_INSERT_TAG, [(nsid, t, seq, i) for i, t in enumerate(new_tags)])
+                db.executemany(INSERT_TAG, [(nsid, t, seq, i) for i, t in enumerate(new_tags)])
             changed = int(vector is not None)
             fetch(
                 db,
-                _BUMP,
+                BUMP,
                 {**key, "added": 0, "vectors_changed": changed, "embedder": None, "dim": None},
             )
-            [row] = fetch(db, _BY_SEQS, {"nsid": nsid, "seqs": json.dumps([seq])})
-            return _passage(row)
+            [row] = fetch(db, BY_SEQS, {"nsid": nsid, "seqs": json.dumps([seq])})
+            return passage_of(row)
 
         return await self._shared.db.write("archival update", body)
 
     async def delete(self, passage_id: str) -> bool:
         """Delete a passage with its tags, full-text entry and vector. Whether it existed."""
-        _check_str(passage_id, "passage id", blank_ok=True)
+        check_str(passage_id, "passage id", blank_ok=True)
         ns = self._ns
 
         def body(db: sqlite3.Connection) -> bool:
@@ -1056,7 +445,7 @@ class SqliteArchivalStore(ArchivalStore):
             fetch(db, "DELETE FROM archival_tags WHERE passage = :seq", {"seq": seq})
             fetch(
                 db,
-                _BUMP,
+                BUMP,
                 {"nsid": nsid, "added": -1, "vectors_changed": 1, "embedder": None, "dim": None},
             )
             return True
@@ -1083,12 +472,12 @@ class SqliteArchivalStore(ArchivalStore):
         embedder, dim = self._shared.embedder.name, self._shared.embedder.dim
 
         def claim(db: sqlite3.Connection) -> int | None:
-            state = _state(fetch(db, _STATE, {"ns": ns}))
+            state = state_of(fetch(db, STATE, {"ns": ns}))
             if state is None:
                 return None
             fetch(
                 db,
-                _BUMP,
+                BUMP,
                 {
                     "nsid": state.nsid,
                     "added": 0,
@@ -1126,7 +515,7 @@ class SqliteArchivalStore(ArchivalStore):
                 )
                 fetch(
                     db,
-                    _BUMP,
+                    BUMP,
                     {"nsid": nsid, "added": 0, "vectors_changed": 1, "embedder": None, "dim": None},
                 )
                 return len(updates)
@@ -1137,11 +526,9 @@ class SqliteArchivalStore(ArchivalStore):
 
     async def get(self, passage_id: str) -> Passage | None:
         """A passage of this namespace by id, or ``None``."""
-        _check_str(passage_id, "passage id", blank_ok=True)
-        rows = await self._shared.db.read(
-            "archival get", _BY_ID, {"ns": self._ns, "id": passage_id}
-        )
-        return _passage(rows[0]) if rows else None
+        check_str(passage_id, "passage id", blank_ok=True)
+        rows = await self._shared.db.read("archival get", BY_ID, {"ns": self._ns, "id": passage_id})
+        return passage_of(rows[0]) if rows else None
 
     async def list(
         self, *, tags: Sequence[str] | None = None, limit: int = 100, cursor: str | None = None
@@ -1159,24 +546,24 @@ class SqliteArchivalStore(ArchivalStore):
         Raises:
             MemoryStoreError: Invalid arguments, or a cursor from another call.
         """
-        wanted = _check_tags(tags, "tags filter") if tags is not None else ()
-        limit = _check_limit(limit, "list limit")
-        digest = _digest("list", self._ns, sorted(wanted))
-        filters = _LIST_TAGS if wanted else ""
+        wanted = check_tags(tags, "tags filter") if tags is not None else ()
+        limit = check_limit(limit, "list limit")
+        digest = cursor_digest("list", self._ns, sorted(wanted))
+        filters = LIST_TAGS if wanted else ""
         params: dict[str, Any] = {"ns": self._ns, "limit": limit + 1}
         if wanted:
             params["tags"] = json.dumps(wanted)
         if cursor is not None:
-            at, seq = _decode_cursor(cursor, "list", digest, ("at", "s"))
-            filters += _LIST_AFTER_CURSOR
+            at, seq = decode_cursor(cursor, "list", digest, ("at", "s"))
+            filters += LIST_AFTER_CURSOR
             params.update(at=at, seq=seq)
-        rows = await self._shared.db.read("archival list", _LIST.format(filters=filters), params)
+        rows = await self._shared.db.read("archival list", LIST.format(filters=filters), params)
         page = rows[:limit]
         next_cursor = None
         if len(rows) > limit:
             last = page[-1]
-            next_cursor = _encode_cursor({"k": "list", "h": digest, "at": last[4], "s": last[0]})
-        return SearchPage([ArchivalHit(_passage(r), 0.0) for r in page], next_cursor)
+            next_cursor = encode_cursor({"k": "list", "h": digest, "at": last[4], "s": last[0]})
+        return SearchPage([ArchivalHit(passage_of(r), 0.0) for r in page], next_cursor)
 
     async def search(
         self,
@@ -1210,28 +597,28 @@ class SqliteArchivalStore(ArchivalStore):
             MemoryStoreError: Invalid arguments, a cursor from another search, or a namespace
                 that holds another embedder's vectors.
         """
-        _check_str(query, "search query", blank_ok=True)
-        top_k = _check_limit(top_k, "top_k")
+        check_str(query, "search query", blank_ok=True)
+        top_k = check_limit(top_k, "top_k")
         if tag_mode not in ("any", "all"):
             raise MemoryStoreError(f"tag_mode must be 'any' or 'all', got {tag_mode!r}")
-        wanted = _check_tags(tags, "tags filter") if tags is not None else ()
-        filters = _Filters(
-            wanted or None, tag_mode, _check_time(after, "after"), _check_time(before, "before")
+        wanted = check_tags(tags, "tags filter") if tags is not None else ()
+        filters = Filters(
+            wanted or None, tag_mode, check_time(after, "after"), check_time(before, "before")
         )
-        digest = _digest(
+        digest = cursor_digest(
             "search", self._ns, query, sorted(wanted), tag_mode, filters.after, filters.before
         )
         if cursor is None:
             offset, depth = 0, max(MIN_DEPTH, DEPTH_FACTOR * top_k)
         else:
-            offset, depth = _decode_cursor(cursor, "search", digest, ("o", "d"))
+            offset, depth = decode_cursor(cursor, "search", digest, ("o", "d"))
             if not 1 <= depth <= DEPTH_FACTOR * MAX_TOP_K:
                 raise MemoryStoreError("invalid archival cursor: pass back the one a page returned")
-        state = _state(
-            await self._shared.db.read("archival search", _SEARCH_STATE, {"ns": self._ns})
+        state = state_of(
+            await self._shared.db.read("archival search", SEARCH_STATE, {"ns": self._ns})
         )
         embedder = self._shared.embedder
-        _mismatch(state, embedder.name, embedder.dim, self.namespace)
+        check_embedder(state, embedder.name, embedder.dim, self.namespace)
         if state is None or state.passages <= 0:
             return SearchPage()
         by_vector, by_keyword = await asyncio.gather(
@@ -1242,20 +629,20 @@ class SqliteArchivalStore(ArchivalStore):
         page = fused[offset : offset + top_k]
         rows = await self._shared.db.read(
             "archival search",
-            _BY_SEQS,
+            BY_SEQS,
             {"nsid": state.nsid, "seqs": json.dumps([seq for seq, _ in page])},
         )
-        found = {r[0]: _passage(r) for r in rows}
+        found = {r[0]: passage_of(r) for r in rows}
         hits = [ArchivalHit(found[seq], score) for seq, score in page if seq in found]
         end = offset + top_k
         next_cursor = (
-            _encode_cursor({"k": "search", "h": digest, "o": end, "d": depth})
+            encode_cursor({"k": "search", "h": digest, "o": end, "d": depth})
             if end < len(fused)
             else None
         )
         return SearchPage(hits, next_cursor)
 
-    async def _term_counts(self, terms: Sequence[str], file_version: int) -> _Seqs:
+    async def _term_counts(self, terms: Sequence[str], file_version: int) -> Seqs:
         """Passages (in the whole file) matching each term, cached until the file changes."""
         shared = self._shared
         if shared.term_counts_version != file_version or len(shared.term_counts) > 50_000:
@@ -1265,7 +652,7 @@ class SqliteArchivalStore(ArchivalStore):
         missing = [t for t in dict.fromkeys(terms) if t not in cache]
         if missing:
             rows = await shared.db.read(
-                "archival search", _TERM_COUNTS, {"terms": json.dumps(missing)}
+                "archival search", TERM_COUNTS, {"terms": json.dumps(missing)}
             )
             counted = {str(term): int(count) for term, count in rows}
             if shared.term_counts_version == file_version:  # not reset meanwhile
@@ -1274,8 +661,8 @@ class SqliteArchivalStore(ArchivalStore):
         return [cache[t] for t in terms]
 
     async def _keyword_candidates(
-        self, query: str, state: _State, filters: _Filters, depth: int
-    ) -> _Seqs:
+        self, query: str, state: NamespaceState, filters: Filters, depth: int
+    ) -> Seqs:
         candidates = fts_terms(query)
         if not candidates:
             return []
@@ -1284,7 +671,7 @@ class SqliteArchivalStore(ArchivalStore):
         if not terms:
             return []
         need = math.ceil(len(terms) * MIN_COVERAGE)
-        coverage = _COVERAGE if need > 1 else ""
+        coverage = COVERAGE if need > 1 else ""
         whole_file = (
             state.file_passages == state.passages
             and filters.after is None
@@ -1293,10 +680,10 @@ class SqliteArchivalStore(ArchivalStore):
         if whole_file:
             tags = ""
             if filters.tags:
-                tags = _TAGS_ALL_FTS if filters.tag_mode == "all" else _TAGS_ANY_FTS
-            sql = _KEYWORD_WHOLE_FILE.format(filters=tags + coverage)
+                tags = TAGS_ALL_FTS if filters.tag_mode == "all" else TAGS_ANY_FTS
+            sql = KEYWORD_WHOLE_FILE.format(filters=tags + coverage)
         else:
-            sql = _KEYWORD.format(filters=filters.sql() + coverage)
+            sql = KEYWORD.format(filters=filters.sql() + coverage)
         params = {
             **filters.params(state.nsid),
             "match": " OR ".join(terms),
@@ -1308,20 +695,20 @@ class SqliteArchivalStore(ArchivalStore):
         return [int(r[0]) for r in rows]
 
     async def _vector_candidates(
-        self, query: str, state: _State, filters: _Filters, depth: int
-    ) -> _Seqs:
+        self, query: str, state: NamespaceState, filters: Filters, depth: int
+    ) -> Seqs:
         if not query.strip():
             return []
         embedder = self._shared.embedder
         [qvec] = await asyncio.to_thread(embedder.embed, [query])
-        if _np is None:
+        if np is None:
             return await self._scan_vectors(qvec, state, filters, depth)
         cache = await self._cache(state)
-        allowed: _Seqs | None = None
+        allowed: Seqs | None = None
         if filters.tags:
             rows = await self._shared.db.read(
                 "archival search",
-                _TAGS_ALL if filters.tag_mode == "all" else _TAGS_ANY,
+                TAGS_ALL if filters.tag_mode == "all" else TAGS_ANY,
                 {
                     "nsid": state.nsid,
                     "tags": json.dumps(filters.tags),
@@ -1336,11 +723,11 @@ class SqliteArchivalStore(ArchivalStore):
             "before": filters.before,
             "depth": depth,
         }
-        if len(snapshot[1]) >= _PARALLEL_ROWS and (allowed is None or len(allowed) > 1000):
-            return await asyncio.to_thread(lambda: _top_vectors(snapshot, qvec, **args))
-        return _top_vectors(snapshot, qvec, **args)
+        if len(snapshot[1]) >= PARALLEL_ROWS and (allowed is None or len(allowed) > 1000):
+            return await asyncio.to_thread(lambda: top_vectors(snapshot, qvec, **args))
+        return top_vectors(snapshot, qvec, **args)
 
-    async def _cache(self, state: _State) -> _VectorCache:
+    async def _cache(self, state: NamespaceState) -> VectorCache:
         """This namespace's vector cache, brought up to ``state`` (loading what is missing)."""
         db = self._shared.db
         return await load_vector_cache(
@@ -1351,11 +738,11 @@ class SqliteArchivalStore(ArchivalStore):
         )
 
     async def _scan_vectors(
-        self, qvec: Sequence[float], state: _State, filters: _Filters, depth: int
-    ) -> _Seqs:
+        self, qvec: Sequence[float], state: NamespaceState, filters: Filters, depth: int
+    ) -> Seqs:
         """Pure-Python vector candidates: read the filtered vectors in chunks and score them."""
         db = self._shared.db
-        sql = _VECTORS.format(filters=filters.sql())
+        sql = VECTORS.format(filters=filters.sql())
         return await scan_vectors(
             lambda params: db.read("archival search", sql, params),
             filters.params(state.nsid),
@@ -1363,79 +750,3 @@ class SqliteArchivalStore(ArchivalStore):
             qvec,
             depth,
         )
-
-
-# -- vector candidates, shared with the PostgreSQL store --------------------------------------
-
-VectorReader = Callable[[dict[str, Any]], Awaitable[Sequence[Sequence[Any]]]]
-"""Runs a backend's vector statement (``_VECTORS`` with its filters) with these parameters."""
-
-
-async def load_vector_cache(
-    caches: dict[int, _VectorCache],
-    embedder: Embedder,
-    state: _State,
-    read: VectorReader,
-) -> _VectorCache:
-    """The namespace's vector cache in ``caches``, brought up to ``state``.
-
-    Loads, in ``_CHUNK``-row reads of the unfiltered vector statement, only the rows after the
-    last one cached; starts over when the embedder or the namespace's epoch changed.
-    """
-    cache = caches.get(state.nsid)
-    if cache is not None and (cache.embedder, cache.dim, cache.epoch) == (
-        embedder.name,
-        embedder.dim,
-        state.epoch,
-    ):
-        if cache.version == state.version:
-            return cache
-    else:
-        cache = _VectorCache(
-            embedder=embedder.name, dim=embedder.dim, epoch=state.epoch, capacity=state.passages
-        )
-    params: dict[str, Any] = {
-        "nsid": state.nsid,
-        "embedder": embedder.name,
-        "dim": embedder.dim,
-        "chunk": _CHUNK,
-        "start": cache.last_seq(),
-    }
-    while True:
-        rows = await read(params)
-        cache.append(rows)
-        if len(rows) < _CHUNK:
-            break
-        params["start"] = rows[-1][0]
-    # Rows read after ``state`` was taken may be newer than it: labelling the cache with the
-    # older state is safe (the next search loads again from the last seq); never the reverse.
-    cache.version = state.version
-    caches[state.nsid] = cache
-    return cache
-
-
-async def scan_vectors(
-    read: VectorReader,
-    filter_params: Mapping[str, Any],
-    embedder: Embedder,
-    qvec: Sequence[float],
-    depth: int,
-) -> _Seqs:
-    """Pure-Python vector candidates (no numpy): score the filtered vectors chunk by chunk."""
-    params: dict[str, Any] = {
-        **filter_params,
-        "embedder": embedder.name,
-        "dim": embedder.dim,
-        "chunk": _CHUNK,
-        "start": 0,
-    }
-    heap: _Heap = []
-    while True:
-        rows = await read(params)
-        if rows:
-            vectors = [bytes(r[2]) for r in rows]
-            _merge_top(heap, rows, cosine_many(qvec, vectors, embedder.dim, use_numpy=False), depth)
-        if len(rows) < _CHUNK:
-            break
-        params["start"] = rows[-1][0]
-    return [-neg for _, neg in sorted(heap, key=lambda item: (-item[0], -item[1]))]

@@ -20,7 +20,8 @@ WORKER = textwrap.dedent(
     """
     import asyncio, json, sys, time
     from pathlib import Path
-    from memory._sqlite_archival import NewPassage, SqliteArchivalStore
+    from memory._archival_common import NewPassage
+    from memory._sqlite_archival import SqliteArchivalStore
 
     db, gate, name, count = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 

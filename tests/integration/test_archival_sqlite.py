@@ -16,12 +16,16 @@ from typing import Any
 
 import pytest
 
+import memory._archival_common as common
 import memory._sqlite_archival as arch
+import memory._sqlite_passages as passages
 from checkpointers import SqliteCheckpointer
 from graphexec.errors import MemoryStoreError, StorageError
 from graphexec.testing import assert_eventually
+from memory import _vectors
+from memory._archival_common import NewPassage
 from memory._base import SearchPage
-from memory._sqlite_archival import NewPassage, SqliteArchivalStore
+from memory._sqlite_archival import SqliteArchivalStore
 from memory.embedders import Vector
 
 TEXTS = [
@@ -62,10 +66,10 @@ async def test_reopen_keeps_everything(tmp_path: Path) -> None:
         assert [h.passage.id for h in (await store.list(tags=["t"])).hits] == [pid]
     db = sqlite3.connect(path)
     try:
-        [(version,)] = db.execute(f"SELECT max(version) FROM {arch.VERSION_TABLE}").fetchall()
+        [(version,)] = db.execute(f"SELECT max(version) FROM {passages.VERSION_TABLE}").fetchall()
     finally:
         db.close()
-    assert version == len(arch.MIGRATIONS) - 1
+    assert version == len(passages.MIGRATIONS) - 1
     fts_integrity(path)
 
 
@@ -123,8 +127,8 @@ async def test_pure_python_vectors_match_numpy(
         cases: list[dict[str, Any]] = [{}, {"tags": ["odd"]}, {"after": middle}]
         queries = ["refund for cracked blender", "password", "budget review lasagna"]
         expected = [[_ids(await store.search(q, **kw)) for kw in cases] for q in queries]
-        monkeypatch.setattr(arch, "_np", None)
-        monkeypatch.setattr(arch, "_CHUNK", 4)  # several chunks per scan
+        monkeypatch.setattr(arch, "np", None)
+        monkeypatch.setattr(_vectors, "_CHUNK", 4)  # several chunks per scan
         got = [[_ids(await store.search(q, **kw)) for kw in cases] for q in queries]
     assert got == expected
 
@@ -205,8 +209,8 @@ async def test_cache_paths_give_the_same_results(
         queries = ["refund blender", "wireless password", "budget meeting"]
         expected = [_ids(await store.search(q)) for q in queries]
         store._shared.caches.clear()
-        monkeypatch.setattr(arch, "_CHUNK", 2)  # the cache loads in several chunks
-        monkeypatch.setattr(arch, "_PARALLEL_ROWS", 1)  # scoring runs in a worker thread
+        monkeypatch.setattr(_vectors, "_CHUNK", 2)  # the cache loads in several chunks
+        monkeypatch.setattr(arch, "PARALLEL_ROWS", 1)  # scoring runs in a worker thread
         assert [_ids(await store.search(q)) for q in queries] == expected
         assert [_ids(await store.search(q, tags=["t"])) for q in queries] == expected
 
@@ -216,11 +220,13 @@ async def test_common_words_are_left_to_vector_search(
 ) -> None:
     async with SqliteArchivalStore.open(tmp_path / "memory.db") as store:
         ids = await store.insert_many(TEXTS)
-        monkeypatch.setattr(arch, "COMMON_TERM_FLOOR", 0)
-        monkeypatch.setattr(arch, "COMMON_TERM_SHARE", 0.0)  # every word counts as common
-        st = arch._state(await store._shared.db.read("t", arch._SEARCH_STATE, {"ns": store._ns}))
+        monkeypatch.setattr(passages, "COMMON_TERM_FLOOR", 0)
+        monkeypatch.setattr(passages, "COMMON_TERM_SHARE", 0.0)  # every word counts as common
+        st = common.state_of(
+            await store._shared.db.read("t", passages.SEARCH_STATE, {"ns": store._ns})
+        )
         assert st is not None
-        filters = arch._Filters(None, "any", None, None)
+        filters = passages.Filters(None, "any", None, None)
         assert await store._keyword_candidates("blender refund", st, filters, 50) == []
         assert _ids(await store.search("blender refund", top_k=1)) == [ids[1]]
 
@@ -289,6 +295,6 @@ async def test_a_tampered_cursor_is_refused(tmp_path: Path) -> None:
         assert page.cursor is not None
         payload = json.loads(base64.urlsafe_b64decode(page.cursor + "=" * (-len(page.cursor) % 4)))
         for depth in (0, 10**9):
-            forged = arch._encode_cursor({**payload, "d": depth})
+            forged = common.encode_cursor({**payload, "d": depth})
             with pytest.raises(MemoryStoreError, match="invalid archival cursor"):
                 await store.search("invoice", top_k=2, cursor=forged)
