@@ -103,7 +103,7 @@ __all__ = [
 
 _LAZY = {
     "SqliteArchivalStore": "memory._sqlite_archival",
-    "NewPassage": "memory._sqlite_archival",
+    "NewPassage": "memory._archival_common",
     "PostgresMemory": "memory.postgres",
     "PostgresSession": "memory.postgres",
     "PostgresFactStore": "memory.postgres",

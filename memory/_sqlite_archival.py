@@ -109,8 +109,7 @@ from memory._vectors import (
 )
 from memory.embedders import Embedder, HashingEmbedder, to_bytes
 
-# NewPassage (insert_many items) is listed too: memory/__init__.py resolves it from here.
-__all__ = ["NewPassage", "SqliteArchivalStore"]
+__all__ = ["SqliteArchivalStore"]
 
 _VECTORS_ALL = VECTORS.format(filters="")
 
