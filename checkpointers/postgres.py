@@ -13,7 +13,17 @@ Commits are single statements:
   if every check passes moves the head (``INSERT ... ON CONFLICT DO UPDATE ... WHERE head_id =
   expected``, whose row count is the compare-and-set), inserts the checkpoint and its channel
   rows and deletes the parent's pending writes. A failed check writes nothing and reports why.
-- ``put_writes`` is one statement too (lease row ``FOR SHARE``, checkpoint ``FOR KEY SHARE``).
+- ``put_writes`` is one statement too (lease row ``FOR SHARE``, checkpoint ``FOR KEY SHARE``),
+  and concurrent calls for the same step share one: the tasks of a fan-out that finish while a
+  save is in flight are saved together by the next statement (group commit).
+- A run starts with one statement as well: ``acquire_lease_and_get`` takes the lease and reads
+  the thread in the same transaction.
+
+The statements a run repeats are server-side PL/pgSQL functions (``graphexec_put``,
+``graphexec_put_writes``, ``graphexec_get``, ``graphexec_acquire_get``; see
+:mod:`checkpointers._sql`). PostgreSQL keeps a function's plans for the life of the server
+connection, so they are planned once per connection rather than per call -- the gain of prepared
+statements, without client-side prepared statements, so transaction-mode poolers work too.
 - Every operation takes its locks in one order -- lease row, head rows (by namespace), then
   checkpoint and thread rows -- so concurrent writers, pruners and the expiry sweep cannot
   deadlock.
@@ -241,8 +251,11 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
     The same delta storage, rows and queries as :class:`~checkpointers.SqliteCheckpointer`:
     reading a checkpoint with its delta chain and pending writes, or listing a branch, is one
     statement (a recursive CTE) and one round trip; so is every commit (see the module
-    docstring for how it locks). Runs own threads through leases whose epochs only ever
-    increase (across releases and thread deletions), checked by every commit.
+    docstring for how it locks), and so is a run's start (its lease and its first read). Runs
+    own threads through leases whose epochs only ever increase (across releases and thread
+    deletions), checked by every commit. A run of ``n`` steps thus costs ``n + 2`` round
+    trips (lease and read, the input checkpoint, one commit per step, the last one releasing
+    the lease), plus its tasks' pending writes, which concurrent tasks share.
 
     Use it as an async context manager, or call :meth:`setup` (optional: the schema is created
     on first use) and :meth:`aclose`::
@@ -582,6 +595,10 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
                         if not call.done.done():
                             call.done.set_exception(e)
                     continue
+                except BaseException:  # cancelled: the batch's callers are cancelled too
+                    for call in batch:
+                        call.done.cancel()
+                    raise
                 for call in batch:
                     if not call.done.done():
                         call.done.set_result(result)
