@@ -117,6 +117,19 @@ _PUT_WRITES_BATCH = """SELECT * FROM graphexec_put_writes(:thread_id, :checkpoin
         :checkpoint_id, :epoch::bigint, :task_ids::text[], :channels::text[], :datas::bytea[])"""
 """Like :data:`_PUT_WRITES` for the writes of several tasks (``:task_ids``: one per write)."""
 
+_PUT_WRITES_FINAL = """WITH w AS (SELECT * FROM graphexec_put_writes(:thread_id, :checkpoint_ns,
+        :checkpoint_id, :epoch::bigint, array_fill(:task_id, ARRAY[cardinality(:channels::text[])]),
+        :channels::text[], :datas::bytea[])
+    ), r AS (
+        UPDATE graphexec_leases SET owner = NULL, expires_at = 0
+        WHERE thread_id = :thread_id AND epoch = :epoch::bigint
+          AND (SELECT w.o_verdict FROM w) IS NULL
+    )
+    SELECT w.o_verdict, w.o_owner FROM w"""
+""":data:`_PUT_WRITES`, then (only if the writes were saved) the lease's release, in one
+statement. (The writes hold the lease row ``FOR SHARE``; the release then takes it ``FOR
+UPDATE``, so it waits for any other transaction holding it shared to finish.)"""
+
 _GET = "SELECT * FROM graphexec_get(:thread_id, :checkpoint_ns, :checkpoint_id, :known)"
 """The read of :data:`checkpointers._sql.GET_CHECKPOINT`, planned once per server connection."""
 
@@ -555,6 +568,39 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
                     flusher.add_done_callback(self._flushers.discard)
                 else:
                     del self._waiting_writes[key]
+        self._check_writes(verdict, owner, thread_id, checkpoint_id, lease)
+
+    async def put_writes_final(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        *,
+        lease: Lease,
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put_writes_final`. One statement."""
+        _check_lease_thread(thread_id, lease)
+        last = dict(writes)
+        stored = self._codec.write_rows(
+            thread_id, checkpoint_ns, checkpoint_id, task_id, list(last.items())
+        )
+        params = {
+            "thread_id": thread_id,
+            "checkpoint_ns": checkpoint_ns,
+            "checkpoint_id": checkpoint_id,
+            "task_id": task_id,
+            "epoch": lease.epoch,
+            "channels": [channel for channel, _ in stored],
+            "datas": [data for _, data in stored],
+        }
+        [(verdict, owner)] = await self._db.fetch("put_writes", _PUT_WRITES_FINAL, params)
+        self._check_writes(verdict, owner, thread_id, checkpoint_id, lease)
+
+    def _check_writes(
+        self, verdict: Any, owner: Any, thread_id: str, checkpoint_id: str, lease: Lease | None
+    ) -> None:
         if verdict is None:
             return
         if verdict == "no_checkpoint":

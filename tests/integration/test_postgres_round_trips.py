@@ -22,6 +22,7 @@ from checkpointers import PostgresCheckpointer
 from graphexec import (
     END,
     START,
+    CheckpointError,
     Command,
     LeaseLostError,
     PendingWrite,
@@ -110,8 +111,9 @@ async def test_an_interrupt_round_trip_is_seven_statements(
         statements.clear()
         paused = await graph.arun({"question": "q", "answer": ""}, thread_id="t")
         assert paused.status == "interrupted"
-        # lease + read, input checkpoint, the interrupt, the lease's release
-        assert len(statements) == 4, statements
+        # lease + read, input checkpoint, the interrupt, the lease's release (3 once the engine
+        # releases the lease with the interrupt's writes: put_writes_final)
+        assert len(statements) <= 4, statements
         statements.clear()
         done = await graph.ainvoke(Command(resume="a"), thread_id="t")
         assert done["answer"] == "a"
@@ -277,3 +279,42 @@ async def test_a_failed_read_leaves_no_lease(schema: str) -> None:
             await cp.acquire_lease_and_get("t", owner="r1", ttl=60)
         lease = await cp.acquire_lease("t", owner="r2", ttl=60)  # not busy: r1 holds nothing
         assert lease.owner == "r2"
+
+
+# -- a run that pauses --------------------------------------------------------------------------
+
+
+async def test_put_writes_final_saves_and_releases_in_one_statement(
+    schema: str, statements: list[str]
+) -> None:
+    async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
+        lease = await cp.acquire_lease("t", owner="r1", ttl=60)
+        [head] = await put_chain(cp, "t", 1, lease=lease)
+        statements.clear()
+        await cp.put_writes_final("t", "", head.checkpoint_id, "k", [("a", b"1")], lease=lease)
+        assert len(statements) == 1, statements
+        got = await cp.get("t")
+        assert got is not None and got.pending_writes == (PendingWrite("k", "a", b"1"),)
+        nxt = await cp.acquire_lease("t", owner="r2", ttl=60)  # free at once
+        assert nxt.epoch == lease.epoch + 1
+        with pytest.raises(LeaseLostError):
+            await cp.put_writes("t", "", head.checkpoint_id, "k", [("a", b"2")], lease=lease)
+
+
+async def test_a_failed_put_writes_final_releases_nothing(schema: str) -> None:
+    async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
+        old = await cp.acquire_lease("t", owner="r1", ttl=60)
+        [head] = await put_chain(cp, "t", 1, lease=old)
+        with pytest.raises(CheckpointError, match="unknown checkpoint"):
+            await cp.put_writes_final("t", "", "nope", "k", [("a", b"1")], lease=old)
+        with pytest.raises(ThreadBusyError):  # still held by r1
+            await cp.acquire_lease("t", owner="r2", ttl=60)
+        await cp.release_lease(old)
+        new = await cp.acquire_lease("t", owner="r2", ttl=60)
+        with pytest.raises(LeaseLostError):
+            await cp.put_writes_final("t", "", head.checkpoint_id, "k", [("a", b"1")], lease=old)
+        with pytest.raises(ThreadBusyError):  # the new owner keeps its lease
+            await cp.acquire_lease("t", owner="r3", ttl=60)
+        await cp.put_writes("t", "", head.checkpoint_id, "k", [("a", b"2")], lease=new)
+        got = await cp.get("t")
+        assert got is not None and got.pending_writes == (PendingWrite("k", "a", b"2"),)
