@@ -92,6 +92,12 @@ class Dialect:
         op_results: The table where a non-idempotent operation records its result in its own
             transaction, so a retry after a lost COMMIT reply can return it (PostgreSQL), or a
             statement that does nothing where replies cannot be lost.
+        get_function: The server-side read of a checkpoint with its chain and pending writes
+            (PostgreSQL; see :data:`PG_GET_FUNCTION`), or a statement that does nothing.
+        acquire_get_function: The server-side lease acquisition plus that read (PostgreSQL; see
+            :data:`PG_ACQUIRE_GET_FUNCTION`), or a statement that does nothing.
+        put_writes_function: The server-side save of pending writes (PostgreSQL; see
+            :data:`PG_PUT_WRITES_FUNCTION`), or a statement that does nothing.
     """
 
     name: str
@@ -102,6 +108,9 @@ class Dialect:
     without_rowid: str
     put_function: str = "SELECT 1"
     op_results: str = "SELECT 1"
+    get_function: str = "SELECT 1"
+    acquire_get_function: str = "SELECT 1"
+    put_writes_function: str = "SELECT 1"
 
 
 SQLITE = Dialect(
@@ -207,6 +216,144 @@ commit is parsed and planned once per connection without client-side prepared st
 it works through transaction-mode poolers. (The backend qualifies its table names with the store's
 schema, if it has one, and passes the checkpoints table's name for its sequence.)"""
 
+_PG_ROW_COLUMNS = """o_kind text, o_seq bigint, o_pos integer, o_t1 text, o_t2 text, o_t3 text,
+        o_t4 text, o_t5 text, o_b1 bytea, o_b2 bytea, o_i1 integer, o_i2 bigint, o_i3 integer,
+        o_i4 bigint, o_i5 bigint, o_i6 integer, o_t6 text"""
+"""The row layout of :data:`GET_CHECKPOINT` (see the table above it), as PL/pgSQL result
+columns (``o_`` names, so they never shadow a table column inside the function bodies)."""
+
+PG_GET_FUNCTION = f"""CREATE FUNCTION graphexec_get(
+        p_thread_id text, p_checkpoint_ns text, p_checkpoint_id text, p_known text)
+    RETURNS TABLE ({_PG_ROW_COLUMNS})
+    LANGUAGE plpgsql STABLE AS $get$
+    BEGIN
+        RETURN QUERY WITH RECURSIVE chain(seq, checkpoint_id, parent_id, has_snapshot, pos) AS (
+            SELECT c.cp_seq, c.checkpoint_id, c.parent_id, c.has_snapshot, 0
+            FROM graphexec_checkpoints AS c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = p_checkpoint_ns
+              AND c.checkpoint_id = coalesce(p_checkpoint_id, (SELECT h.head_id
+                  FROM graphexec_heads AS h
+                  WHERE h.thread_id = p_thread_id AND h.checkpoint_ns = p_checkpoint_ns))
+            UNION ALL
+            SELECT p.cp_seq, p.checkpoint_id, p.parent_id, p.has_snapshot, chain.pos + 1
+            FROM chain JOIN graphexec_checkpoints AS p
+              ON p.thread_id = p_thread_id AND p.checkpoint_ns = p_checkpoint_ns
+             AND p.checkpoint_id = chain.parent_id
+            WHERE chain.has_snapshot = 0
+              AND (p_known IS NULL
+                   OR (chain.checkpoint_id <> p_known AND chain.parent_id <> p_known))
+        )
+        SELECT 'c'::text, s.seq, s.pos, c.checkpoint_id, c.parent_id, c.source, c.graph_version,
+            c.next_nodes, c.frontier, c.metadata, c.step, c.created_at, c.delta_depth,
+            c.delta_bytes, c.snapshot_bytes, c.has_snapshot,
+            (SELECT h.head_id FROM graphexec_heads AS h
+             WHERE h.thread_id = p_thread_id AND h.checkpoint_ns = p_checkpoint_ns)
+        FROM chain AS s JOIN graphexec_checkpoints AS c ON c.cp_seq = s.seq
+        UNION ALL
+        SELECT 'b', s.seq, 0, b.role, b.channel, b.op, NULL, NULL, b.data, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL
+        FROM chain AS s JOIN graphexec_channels AS b ON b.cp_seq = s.seq
+        UNION ALL
+        SELECT 'w', w.seq, 0, w.task_id, w.channel, NULL, NULL, NULL, w.data, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL
+        FROM chain AS s JOIN graphexec_writes AS w ON w.cp_seq = s.seq
+        WHERE s.pos = 0;
+    END
+    $get$"""
+""":data:`GET_CHECKPOINT` as a server-side function: the same rows, but parsed and planned
+once per server connection (PL/pgSQL keeps its statements' plans), not on every read, without
+client-side prepared statements -- so it works through transaction-mode poolers too. Planning
+that recursive union costs more than running it on a short chain."""
+
+PG_ACQUIRE_GET_FUNCTION = f"""CREATE FUNCTION graphexec_acquire_get(
+        p_thread_id text, p_owner text, p_ttl float8, p_checkpoint_id text, p_known text)
+    RETURNS TABLE ({_PG_ROW_COLUMNS}, o_f1 float8)
+    LANGUAGE plpgsql AS $acquire$
+    DECLARE
+        v_now float8;
+        v_epoch bigint;
+        v_expires float8;
+        v_holder text;
+        v_live boolean;
+    BEGIN
+        FOR i IN 1..5 LOOP
+            v_now := extract(epoch FROM clock_timestamp())::float8;
+            v_epoch := NULL;
+            INSERT INTO graphexec_leases AS x (thread_id, owner, epoch, expires_at)
+                VALUES (p_thread_id, p_owner, 1, v_now + p_ttl)
+                ON CONFLICT (thread_id) DO UPDATE
+                SET owner = excluded.owner, epoch = x.epoch + 1, expires_at = v_now + p_ttl
+                WHERE x.owner IS NULL OR x.owner = excluded.owner OR x.expires_at <= v_now
+                RETURNING x.epoch, x.expires_at INTO v_epoch, v_expires;
+            IF v_epoch IS NOT NULL THEN
+                RETURN QUERY SELECT 'lease'::text, v_epoch, 0, NULL::text, NULL::text,
+                    NULL::text, NULL::text, NULL::text, NULL::bytea, NULL::bytea, NULL::integer,
+                    NULL::bigint, NULL::integer, NULL::bigint, NULL::bigint, NULL::integer,
+                    NULL::text, v_expires;
+                RETURN QUERY SELECT g.*, NULL::float8
+                    FROM graphexec_get(p_thread_id, '', p_checkpoint_id, p_known) AS g;
+                RETURN;
+            END IF;
+            SELECT l.owner, l.expires_at > extract(epoch FROM clock_timestamp())::float8
+                INTO v_holder, v_live
+                FROM graphexec_leases AS l WHERE l.thread_id = p_thread_id;
+            IF v_holder IS NOT NULL AND v_live THEN
+                RETURN QUERY SELECT 'busy'::text, NULL::bigint, 0, v_holder, NULL::text,
+                    NULL::text, NULL::text, NULL::text, NULL::bytea, NULL::bytea, NULL::integer,
+                    NULL::bigint, NULL::integer, NULL::bigint, NULL::bigint, NULL::integer,
+                    NULL::text, NULL::float8;
+                RETURN;
+            END IF;
+        END LOOP;
+    END
+    $acquire$"""
+"""A run's start in one round trip: takes the thread's lease (free, expired or already this
+owner's, with the next epoch -- the statement of ``acquire_lease``) and, only if it got it, reads
+the root namespace like :data:`PG_GET_FUNCTION`. Returns a ``('lease', epoch, ..., expires_at)``
+row followed by the read's rows; or one ``('busy', NULL, 0, owner, ...)`` row when another
+owner holds a live lease; or nothing when the lease changed hands five times meanwhile. One
+transaction: if the read fails, no lease was taken."""
+
+PG_PUT_WRITES_FUNCTION = """CREATE FUNCTION graphexec_put_writes(
+        p_thread_id text, p_checkpoint_ns text, p_checkpoint_id text, p_epoch bigint,
+        p_task_ids text[], p_channels text[], p_datas bytea[])
+    RETURNS TABLE (o_verdict text, o_owner text)
+    LANGUAGE plpgsql AS $writes$
+    DECLARE
+        v_epoch bigint;
+        v_expires float8;
+        v_seq bigint;
+    BEGIN
+        SELECT l.owner, l.epoch, l.expires_at INTO o_owner, v_epoch, v_expires
+            FROM graphexec_leases AS l WHERE l.thread_id = p_thread_id FOR SHARE;
+        SELECT c.cp_seq INTO v_seq FROM graphexec_checkpoints AS c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = p_checkpoint_ns
+              AND c.checkpoint_id = p_checkpoint_id FOR KEY SHARE;
+        o_verdict := CASE
+            WHEN p_epoch IS NOT NULL AND (o_owner IS NULL OR v_epoch <> p_epoch)
+                THEN 'lease_lost'
+            WHEN p_epoch IS NULL AND o_owner IS NOT NULL
+                 AND v_expires > extract(epoch FROM clock_timestamp())::float8 THEN 'busy'
+            WHEN v_seq IS NULL THEN 'no_checkpoint'
+        END;
+        IF o_verdict IS NULL THEN
+            INSERT INTO graphexec_writes (cp_seq, task_id, channel, data)
+                SELECT v_seq, r.task_id, r.channel, r.data
+                FROM unnest(p_task_ids, p_channels, p_datas) WITH ORDINALITY
+                    AS r(task_id, channel, data, n)
+                ORDER BY r.n
+                ON CONFLICT (cp_seq, task_id, channel) DO UPDATE SET data = excluded.data;
+        END IF;
+        RETURN NEXT;
+    END
+    $writes$"""
+"""Saves pending writes of one or more tasks of the step after one checkpoint, in one
+transaction: the lease row ``FOR SHARE`` (so a takeover waits for it, and a fenced-out writer
+is refused), the checkpoint ``FOR KEY SHARE`` (so a prune cannot delete it meanwhile), then the
+upsert, in array order. Returns ``(verdict, lease owner)``: ``verdict`` is NULL when the writes
+were saved, else ``lease_lost``, ``busy`` or ``no_checkpoint`` (and nothing was written). A
+``(task, channel)`` may appear only once per call."""
+
 POSTGRES = Dialect(
     name="postgres",
     blob="BYTEA",
@@ -220,6 +367,9 @@ POSTGRES = Dialect(
         result BIGINT NOT NULL,
         created_at DOUBLE PRECISION NOT NULL
     )""",
+    get_function=PG_GET_FUNCTION,
+    acquire_get_function=PG_ACQUIRE_GET_FUNCTION,
+    put_writes_function=PG_PUT_WRITES_FUNCTION,
 )
 
 MIGRATIONS: tuple[str, ...] = (
@@ -300,6 +450,10 @@ MIGRATIONS: tuple[str, ...] = (
     "{put_function}",
     # 12: results of non-idempotent operations, for retries after a lost reply (PostgreSQL)
     "{op_results}",
+    # 13-15: PostgreSQL's reads, run starts and pending writes as functions (nothing on SQLite)
+    "{get_function}",
+    "{acquire_get_function}",
+    "{put_writes_function}",
 )
 """Schema migrations in order; a database at version ``v`` has applied ``MIGRATIONS[:v + 1]``.
 
@@ -318,6 +472,9 @@ def migrations(dialect: Dialect) -> list[str]:
         "without_rowid": dialect.without_rowid,
         "put_function": dialect.put_function,
         "op_results": dialect.op_results,
+        "get_function": dialect.get_function,
+        "acquire_get_function": dialect.acquire_get_function,
+        "put_writes_function": dialect.put_writes_function,
     }
     return [m.format(**names) for m in MIGRATIONS]
 

@@ -13,7 +13,17 @@ Commits are single statements:
   if every check passes moves the head (``INSERT ... ON CONFLICT DO UPDATE ... WHERE head_id =
   expected``, whose row count is the compare-and-set), inserts the checkpoint and its channel
   rows and deletes the parent's pending writes. A failed check writes nothing and reports why.
-- ``put_writes`` is one statement too (lease row ``FOR SHARE``, checkpoint ``FOR KEY SHARE``).
+- ``put_writes`` is one statement too (lease row ``FOR SHARE``, checkpoint ``FOR KEY SHARE``),
+  and concurrent calls for the same step share one: the tasks of a fan-out that finish while a
+  save is in flight are saved together by the next statement (group commit).
+- A run starts with one statement as well: ``acquire_lease_and_get`` takes the lease and reads
+  the thread in the same transaction.
+
+The statements a run repeats are server-side PL/pgSQL functions (``graphexec_put``,
+``graphexec_put_writes``, ``graphexec_get``, ``graphexec_acquire_get``; see
+:mod:`checkpointers._sql`). PostgreSQL keeps a function's plans for the life of the server
+connection, so they are planned once per connection rather than per call -- the gain of prepared
+statements, without client-side prepared statements, so transaction-mode poolers work too.
 - Every operation takes its locks in one order -- lease row, head rows (by namespace), then
   checkpoint and thread rows -- so concurrent writers, pruners and the expiry sweep cannot
   deadlock.
@@ -26,9 +36,11 @@ on when a lease has expired. :attr:`~graphexec.Lease.expires_at` is that clock's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
@@ -39,6 +51,7 @@ from checkpointers._reads import SqlReads
 from graphexec._checkpoint import (
     BaseCheckpointer,
     Checkpoint,
+    CheckpointTuple,
     Lease,
     SnapshotPolicy,
 )
@@ -94,33 +107,36 @@ _PUT = """SELECT * FROM graphexec_put(:thread_id, :checkpoint_ns, :checkpoint_id
 _HEAD = """SELECT head_id FROM graphexec_heads
     WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns"""
 
-_PUT_WRITES = f"""WITH l AS (
-        SELECT owner, epoch, expires_at FROM graphexec_leases
-        WHERE thread_id = :thread_id FOR SHARE
-    ), c AS (
-        SELECT cp_seq FROM graphexec_checkpoints
-        WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns
-          AND checkpoint_id = :checkpoint_id AND (SELECT count(*) FROM l) >= 0
-        FOR KEY SHARE
-    ), v AS (
-        SELECT l.owner, (SELECT cp_seq FROM c) AS seq, CASE
-            WHEN :epoch::bigint IS NOT NULL AND (l.owner IS NULL OR l.epoch <> :epoch::bigint)
-                THEN 'lease_lost'
-            WHEN :epoch::bigint IS NULL AND l.owner IS NOT NULL AND l.expires_at > {_NOW}
-                THEN 'busy'
-            WHEN NOT EXISTS (SELECT 1 FROM c) THEN 'no_checkpoint'
-        END AS verdict
-        FROM (SELECT 1) AS one LEFT JOIN l ON true
-    ), u AS (
-        INSERT INTO graphexec_writes (cp_seq, task_id, channel, data)
-        SELECT v.seq, :task_id, r.channel, r.data
-        FROM v, unnest(:channels::text[], :datas::bytea[]) WITH ORDINALITY AS r(channel, data, n)
-        WHERE v.verdict IS NULL
-        ORDER BY r.n
-        ON CONFLICT (cp_seq, task_id, channel) DO UPDATE SET data = excluded.data
+_PUT_WRITES = """SELECT * FROM graphexec_put_writes(:thread_id, :checkpoint_ns, :checkpoint_id,
+        :epoch::bigint, array_fill(:task_id, ARRAY[cardinality(:channels::text[])]),
+        :channels::text[], :datas::bytea[])"""
+"""Checks and saves one task's writes (see :data:`checkpointers._sql.PG_PUT_WRITES_FUNCTION`);
+returns ``(verdict, lease owner)``."""
+
+_PUT_WRITES_BATCH = """SELECT * FROM graphexec_put_writes(:thread_id, :checkpoint_ns,
+        :checkpoint_id, :epoch::bigint, :task_ids::text[], :channels::text[], :datas::bytea[])"""
+"""Like :data:`_PUT_WRITES` for the writes of several tasks (``:task_ids``: one per write)."""
+
+_PUT_WRITES_FINAL = """WITH w AS (SELECT * FROM graphexec_put_writes(:thread_id, :checkpoint_ns,
+        :checkpoint_id, :epoch::bigint, array_fill(:task_id, ARRAY[cardinality(:channels::text[])]),
+        :channels::text[], :datas::bytea[])
+    ), r AS (
+        UPDATE graphexec_leases SET owner = NULL, expires_at = 0
+        WHERE thread_id = :thread_id AND epoch = :epoch::bigint
+          AND (SELECT w.o_verdict FROM w) IS NULL
     )
-    SELECT v.verdict, v.owner FROM v"""
-"""Checks and saves one task's writes; returns ``(verdict, lease owner)``."""
+    SELECT w.o_verdict, w.o_owner FROM w"""
+""":data:`_PUT_WRITES`, then (only if the writes were saved) the lease's release, in one
+statement. (The writes hold the lease row ``FOR SHARE``; the release then takes it ``FOR
+UPDATE``, so it waits for any other transaction holding it shared to finish.)"""
+
+_GET = "SELECT * FROM graphexec_get(:thread_id, :checkpoint_ns, :checkpoint_id, :known)"
+"""The read of :data:`checkpointers._sql.GET_CHECKPOINT`, planned once per server connection."""
+
+_ACQUIRE_GET = """SELECT * FROM graphexec_acquire_get(:thread_id, :owner, :ttl::float8,
+        :checkpoint_id, :known)"""
+"""A run's lease and its first read in one round trip (see
+:data:`checkpointers._sql.PG_ACQUIRE_GET_FUNCTION`)."""
 
 _ACQUIRE = f"""INSERT INTO graphexec_leases AS x (thread_id, owner, epoch, expires_at)
     VALUES (:thread_id, :owner, 1, {_NOW} + :ttl)
@@ -185,6 +201,39 @@ _DELETE_EXPIRED = f"""DELETE FROM graphexec_threads AS t
 """Re-checks expiry under the locks (a commit or a lease may have come in meanwhile)."""
 
 
+@dataclass(eq=False, slots=True)
+class _Writes:
+    """One ``put_writes`` call waiting for a batch (see :meth:`PostgresCheckpointer.put_writes`)."""
+
+    task_id: str
+    rows: list[tuple[str, bytes]]
+    done: asyncio.Future[tuple[Any, Any]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+_WritesKey = tuple[asyncio.AbstractEventLoop, str, str, str, int | None]
+
+
+def _next_batch(waiting: list[_Writes]) -> list[_Writes]:
+    """Remove and return the longest prefix of ``waiting`` with no ``(task, channel)`` twice.
+
+    One upsert statement may not write the same row twice, so a task's repeated write waits for
+    the next batch (which also keeps the calls' order).
+    """
+    seen: set[tuple[str, str]] = set()
+    n = 0
+    for call in waiting:
+        keys = {(call.task_id, channel) for channel, _ in call.rows}
+        if n and not seen.isdisjoint(keys):
+            break
+        seen |= keys
+        n += 1
+    batch = waiting[:n]
+    del waiting[:n]
+    return batch
+
+
 def _lease_error(verdict: str, thread_id: str, lease: Lease | None, owner: Any) -> CheckpointError:
     if verdict == "lease_lost":
         assert lease is not None
@@ -215,8 +264,11 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
     The same delta storage, rows and queries as :class:`~checkpointers.SqliteCheckpointer`:
     reading a checkpoint with its delta chain and pending writes, or listing a branch, is one
     statement (a recursive CTE) and one round trip; so is every commit (see the module
-    docstring for how it locks). Runs own threads through leases whose epochs only ever
-    increase (across releases and thread deletions), checked by every commit.
+    docstring for how it locks), and so is a run's start (its lease and its first read). Runs
+    own threads through leases whose epochs only ever increase (across releases and thread
+    deletions), checked by every commit. A run of ``n`` steps thus costs ``n + 2`` round
+    trips (lease and read, the input checkpoint, one commit per step, the last one releasing
+    the lease), plus its tasks' pending writes, which concurrent tasks share.
 
     Use it as an async context manager, or call :meth:`setup` (optional: the schema is created
     on first use) and :meth:`aclose`::
@@ -304,6 +356,8 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
             param_types=dict.fromkeys(_TEXT_PARAMS, "text"),
         )
         self._default_ttl = default_ttl
+        self._waiting_writes: dict[_WritesKey, list[_Writes]] = {}
+        self._flushers: set[asyncio.Task[None]] = set()
         self._codec = sql.RowCodec(encryption)
         self._checkpoints_table = self._db.table("graphexec_checkpoints")
 
@@ -476,9 +530,59 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         *,
         lease: Lease | None = None,
     ) -> None:
-        """See :meth:`BaseCheckpointer.put_writes`. One statement."""
+        """See :meth:`BaseCheckpointer.put_writes`. One statement, shared by concurrent calls.
+
+        Group commit: while one call's statement for a step (thread, namespace, checkpoint and
+        lease epoch) is in flight, further calls for that step wait and then go together in
+        the next statement -- one transaction, one round trip and one commit for a whole
+        fan-out's worth of finished tasks instead of one each. Every call still returns only
+        once its own writes are committed, with its own verdict, and each call's writes are
+        saved atomically (a batch is atomic as a whole).
+        """
         _check_lease_thread(thread_id, lease)
         last = dict(writes)  # a channel written twice keeps its first position, last value
+        stored = self._codec.write_rows(
+            thread_id, checkpoint_ns, checkpoint_id, task_id, list(last.items())
+        )
+        epoch = None if lease is None else lease.epoch
+        key: _WritesKey = (
+            asyncio.get_running_loop(),
+            thread_id,
+            checkpoint_ns,
+            checkpoint_id,
+            epoch,
+        )
+        waiting = self._waiting_writes.get(key)
+        if waiting is not None:  # a statement for this step is in flight: join the next one
+            call = _Writes(task_id, stored)
+            waiting.append(call)
+            verdict, owner = await call.done
+        else:
+            self._waiting_writes[key] = waiting = []
+            try:
+                verdict, owner = await self._save_writes(key, [_Writes(task_id, stored)])
+            finally:
+                if waiting:  # calls arrived meanwhile: a task sends them on
+                    flusher = asyncio.create_task(self._flush_writes(key, waiting))
+                    self._flushers.add(flusher)
+                    flusher.add_done_callback(self._flushers.discard)
+                else:
+                    del self._waiting_writes[key]
+        self._check_writes(verdict, owner, thread_id, checkpoint_id, lease)
+
+    async def put_writes_final(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        *,
+        lease: Lease,
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put_writes_final`. One statement."""
+        _check_lease_thread(thread_id, lease)
+        last = dict(writes)
         stored = self._codec.write_rows(
             thread_id, checkpoint_ns, checkpoint_id, task_id, list(last.items())
         )
@@ -487,11 +591,16 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
             "checkpoint_ns": checkpoint_ns,
             "checkpoint_id": checkpoint_id,
             "task_id": task_id,
-            "epoch": None if lease is None else lease.epoch,
-            "channels": [ch for ch, _ in stored],
+            "epoch": lease.epoch,
+            "channels": [channel for channel, _ in stored],
             "datas": [data for _, data in stored],
         }
-        [(verdict, owner)] = await self._db.fetch("put_writes", _PUT_WRITES, params)
+        [(verdict, owner)] = await self._db.fetch("put_writes", _PUT_WRITES_FINAL, params)
+        self._check_writes(verdict, owner, thread_id, checkpoint_id, lease)
+
+    def _check_writes(
+        self, verdict: Any, owner: Any, thread_id: str, checkpoint_id: str, lease: Lease | None
+    ) -> None:
         if verdict is None:
             return
         if verdict == "no_checkpoint":
@@ -500,6 +609,50 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
             )
         raise _lease_error(verdict, thread_id, lease, owner)
 
+    async def _save_writes(self, key: _WritesKey, batch: Sequence[_Writes]) -> tuple[Any, Any]:
+        """Save ``batch`` in one statement; returns ``(verdict, lease owner)``."""
+        _, thread_id, checkpoint_ns, checkpoint_id, epoch = key
+        params: dict[str, Any] = {
+            "thread_id": thread_id,
+            "checkpoint_ns": checkpoint_ns,
+            "checkpoint_id": checkpoint_id,
+            "epoch": epoch,
+            "channels": [channel for call in batch for channel, _ in call.rows],
+            "datas": [data for call in batch for _, data in call.rows],
+        }
+        if len(batch) == 1:
+            params["task_id"] = batch[0].task_id
+            statement = _PUT_WRITES
+        else:
+            params["task_ids"] = [call.task_id for call in batch for _ in call.rows]
+            statement = _PUT_WRITES_BATCH
+        [(verdict, owner)] = await self._db.fetch("put_writes", statement, params)
+        return verdict, owner
+
+    async def _flush_writes(self, key: _WritesKey, waiting: list[_Writes]) -> None:
+        """Send the calls waiting for ``key`` in batches until none is left."""
+        try:
+            while waiting:
+                batch = _next_batch(waiting)
+                try:
+                    result = await self._save_writes(key, batch)
+                except Exception as e:
+                    for call in batch:
+                        if not call.done.done():
+                            call.done.set_exception(e)
+                    continue
+                except BaseException:  # cancelled: the batch's callers are cancelled too
+                    for call in batch:
+                        call.done.cancel()
+                    raise
+                for call in batch:
+                    if not call.done.done():
+                        call.done.set_result(result)
+        finally:
+            del self._waiting_writes[key]
+            for call in waiting:  # only if this task was cancelled
+                call.done.cancel()
+
     # -- reads ------------------------------------------------------------------------------
 
     async def _read(
@@ -507,6 +660,22 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
     ) -> Sequence[Sequence[Any]]:
         """Run one read statement (see :class:`~checkpointers._reads.SqlReads`)."""
         return await self._db.fetch(op, query, params)
+
+    async def _get(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, known: str | None
+    ) -> CheckpointTuple | None:
+        """``get`` and ``get_since``: the shared read, through its server-side function."""
+        rows = await self._db.fetch(
+            "get",
+            _GET,
+            {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "checkpoint_id": checkpoint_id,
+                "known": known,
+            },
+        )
+        return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows, known)
 
     # -- retention --------------------------------------------------------------------------
 
@@ -663,6 +832,52 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
             )
 
         return await self._db.run("acquire_lease", body)
+
+    async def acquire_lease_and_get(
+        self,
+        thread_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        checkpoint_id: str | None = None,
+        known: str | None = None,
+    ) -> tuple[Lease, CheckpointTuple | None]:
+        """See :meth:`BaseCheckpointer.acquire_lease_and_get`. One statement, one round trip.
+
+        The lease is taken exactly as :meth:`acquire_lease` takes it, and the read is made in
+        the same transaction, after it.
+        """
+        rows = await self._db.fetch(
+            "acquire_lease",
+            _ACQUIRE_GET,
+            {
+                "thread_id": thread_id,
+                "owner": owner,
+                "ttl": float(ttl),
+                "checkpoint_id": checkpoint_id,
+                "known": known,
+            },
+        )
+        if not rows:
+            raise StorageError(
+                f"acquire_lease({thread_id!r}): the lease changed hands {_ACQUIRE_TRIES} times "
+                "while it was being taken; retry"
+            )
+        first = rows[0]
+        if first[0] == "busy":
+            raise ThreadBusyError(
+                f"thread {thread_id!r} is owned by run {first[3]!r} until its lease "
+                "expires; retry later or pass on_busy='wait'",
+                thread_id=thread_id,
+                owner=first[3],
+            )
+        lease = Lease(thread_id, owner, int(first[1]), float(first[17]))
+        try:
+            tup = self._codec.checkpoint_tuple(thread_id, "", rows[1:], known)
+        except BaseException:
+            await self.release_lease(lease)
+            raise
+        return lease, tup
 
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
         """See :meth:`BaseCheckpointer.renew_lease`."""

@@ -346,6 +346,26 @@ class BaseCheckpointer(ABC):
         All writes of one call are saved atomically.
         """
 
+    async def put_writes_final(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        *,
+        lease: Lease,
+    ) -> None:
+        """:meth:`put_writes` the last writes of a run that pauses, then release its lease.
+
+        For a run whose last store is pending writes rather than a checkpoint (it pauses on an
+        interrupt): the writes, then :meth:`release_lease`. If the put fails the lease is kept.
+        Backends override this to do both in one transaction (one round trip); the default
+        makes the two calls.
+        """
+        await self.put_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, writes, lease=lease)
+        await self.release_lease(lease)
+
     @abstractmethod
     async def get(
         self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None
