@@ -352,6 +352,34 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         lease: Lease | None = None,
     ) -> None:
         """See :meth:`BaseCheckpointer.put_writes`."""
+        await self._put_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, writes, lease)
+
+    async def put_writes_final(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        *,
+        lease: Lease,
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put_writes_final`. One transaction, the release included."""
+        await self._put_writes(
+            thread_id, checkpoint_ns, checkpoint_id, task_id, writes, lease, release=True
+        )
+
+    async def _put_writes(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        lease: Lease | None,
+        *,
+        release: bool = False,
+    ) -> None:
         stored = self._codec.write_rows(thread_id, checkpoint_ns, checkpoint_id, task_id, writes)
         key = {
             "thread_id": thread_id,
@@ -375,8 +403,10 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                         for ch, data in stored
                     ],
                 )
+            if release and lease is not None:
+                fetch(db, sql.RELEASE_LEASE, {"thread_id": thread_id, "epoch": lease.epoch})
 
-        await self._db.write("put_writes", body)
+        await self._db.write("put_writes_final" if release else "put_writes", body)
 
     # -- reads ------------------------------------------------------------------------------
 

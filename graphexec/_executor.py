@@ -285,13 +285,19 @@ class Run(TaskRunner):
             if paused:
                 await self._flush_exit()
                 await self._save_unsaved(outcomes, force=True)
-                for o in outcomes:
-                    if o.interrupts:
-                        rec = self._record(o.task.task_id)
-                        if rec.interrupts != o.interrupts:
-                            rec.interrupts = list(o.interrupts)
-                            blob = self.serde.dumps(_intr_data(o.interrupts), channel=INTERRUPT)
-                            await self._persist_now(o.task.task_id, [(INTERRUPT, blob)])
+                new = [
+                    o
+                    for o in outcomes
+                    if o.interrupts and self._record(o.task.task_id).interrupts != o.interrupts
+                ]
+                for k, o in enumerate(new):
+                    rec = self._record(o.task.task_id)
+                    rec.interrupts = list(o.interrupts)
+                    blob = self.serde.dumps(_intr_data(o.interrupts), channel=INTERRUPT)
+                    if k == len(new) - 1 and self._can_release_with_writes():
+                        await self._persist_final(o.task.task_id, [(INTERRUPT, blob)])
+                    else:
+                        await self._persist_now(o.task.task_id, [(INTERRUPT, blob)])
                 await self._pause(paused)
                 return
             executed.append([t.node for t in tasks])
@@ -310,7 +316,7 @@ class Run(TaskRunner):
             steps += 1
             if await self._breakpoints_after(tasks):
                 return
-        await self._flush_exit()
+        await self._flush_exit(final=True)
         await self.committer.flush()
 
     async def _pause(self, interruptions: list[Interruption]) -> None:
@@ -481,6 +487,25 @@ class Run(TaskRunner):
             self.thread_id, self.ns, self.head, task_id, writes, lease=self.lease
         )
 
+    def _can_release_with_writes(self) -> bool:
+        """Whether the run's last store may also release its lease (a root run that pauses)."""
+        return (
+            self.cp is not None
+            and self.thread_id is not None
+            and self.lease is not None
+            and self.parent_task_id is None
+        )
+
+    async def _persist_final(self, task_id: str, writes: list[tuple[str, bytes]]) -> None:
+        """:meth:`_persist_now` as the run's last store: it also releases the lease."""
+        assert self.cp is not None and self.thread_id is not None and self.lease is not None
+        await self._make_durable()
+        assert self.head is not None
+        await self.cp.put_writes_final(
+            self.thread_id, self.ns, self.head, task_id, writes, lease=self.lease
+        )
+        self.lease_released = True
+
     def _apply(self, outcomes: Sequence[Outcome]) -> dict[str, ChannelDelta]:
         setters: dict[str, str] = {}
         set_blobs: dict[str, bytes | None] = {}
@@ -620,8 +645,11 @@ class Run(TaskRunner):
             },
         )
 
-    async def _flush_exit(self) -> None:
-        """In ``exit`` durability, write one checkpoint with everything since the last one."""
+    async def _flush_exit(self, *, final: bool = False) -> None:
+        """In ``exit`` durability, write one checkpoint with everything since the last one.
+
+        ``final``: the run is over; a root run releases its lease in the same transaction.
+        """
         if self.durability != "exit" or self.cp is None or self._exit_pending is None:
             return
         if self._exit_lock is None:
@@ -640,7 +668,11 @@ class Run(TaskRunner):
             cp = self._build(
                 checkpoint_id, source, deltas, self.frontier, metadata, self._exit_parent
             )
-            await self.cp.put(cp, expected_head=self._exit_expected, lease=self.lease)
+            if final and self.lease is not None and self.parent_task_id is None:
+                await self.cp.put_final(cp, expected_head=self._exit_expected, lease=self.lease)
+                self.lease_released = True
+            else:
+                await self.cp.put(cp, expected_head=self._exit_expected, lease=self.lease)
             self.graph.values_cache.put(cp.thread_id, self.ns, checkpoint_id, self.values)
             self._exit_touched = {}
             self._exit_parent = None

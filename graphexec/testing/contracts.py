@@ -1280,6 +1280,56 @@ class CheckpointerContract:
             await checkpointer.acquire_lease("t", owner="run-3", ttl=60)
         await put_chain(checkpointer, "t", 1, after=head, lease=fresh)
 
+    async def test_put_writes_final_saves_and_releases_the_lease(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """``put_writes_final`` stores the writes, then the lease is free and its epoch dead."""
+        first = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        [head] = await put_chain(checkpointer, "t", 1, lease=first)
+        await checkpointer.put_writes_final(
+            "t", "", head.checkpoint_id, "task", [("x", b"1"), ("y", b"2")], lease=first
+        )
+        stored = (await _get(checkpointer, "t")).pending_writes
+        assert [(w.task_id, w.channel, w.data) for w in stored] == [
+            ("task", "x", b"1"),
+            ("task", "y", b"2"),
+        ]
+        second = await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        assert second.epoch > first.epoch
+        with pytest.raises(LeaseLostError):
+            await checkpointer.put_writes(
+                "t", "", head.checkpoint_id, "task", [("z", b"3")], lease=first
+            )
+
+    async def test_failed_put_writes_final_keeps_the_lease(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A ``put_writes_final`` to an unknown checkpoint writes nothing, releases nothing."""
+        lease = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        [head] = await put_chain(checkpointer, "t", 1, lease=lease)
+        with pytest.raises(CheckpointError):
+            await checkpointer.put_writes_final("t", "", "nope", "task", [("x", b"1")], lease=lease)
+        assert (await _get(checkpointer, "t")).pending_writes == ()
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        await put_chain(checkpointer, "t", 1, after=head, lease=lease)
+
+    async def test_put_writes_final_with_a_lost_lease_leaves_the_new_owner_alone(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A stale ``put_writes_final`` is rejected and does not release the new owner's lease."""
+        stale = await checkpointer.acquire_lease("t", owner="run-1", ttl=0.05)
+        [head] = await put_chain(checkpointer, "t", 1, lease=stale)
+        fresh = await self._take_over(checkpointer, "t", "run-2")
+        with pytest.raises(LeaseLostError):
+            await checkpointer.put_writes_final(
+                "t", "", head.checkpoint_id, "task", [("x", b"1")], lease=stale
+            )
+        assert (await _get(checkpointer, "t")).pending_writes == ()
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-3", ttl=60)
+        await put_chain(checkpointer, "t", 1, after=head, lease=fresh)
+
     async def test_acquire_lease_and_get_reads_what_get_reads(
         self, checkpointer: BaseCheckpointer
     ) -> None:

@@ -97,6 +97,11 @@ async def test_a_chain_run_is_one_round_trip_per_step_plus_two(
         again = await graph.ainvoke({"n": 0, "log": []}, thread_id="t")  # an existing thread
         assert again["n"] == 5 and len(again["log"]) == 10
         assert len(statements) == 5 + 2, statements
+        statements.clear()
+        # exit durability: lease + read, then one checkpoint that also releases the lease
+        third = await graph.ainvoke({"n": 0, "log": []}, thread_id="t", durability="exit")
+        assert third["n"] == 5 and len(third["log"]) == 15
+        assert len(statements) == 2, statements
 
 
 async def test_an_interrupt_round_trip_is_seven_statements(
@@ -111,9 +116,8 @@ async def test_an_interrupt_round_trip_is_seven_statements(
         statements.clear()
         paused = await graph.arun({"question": "q", "answer": ""}, thread_id="t")
         assert paused.status == "interrupted"
-        # lease + read, input checkpoint, the interrupt, the lease's release (3 once the engine
-        # releases the lease with the interrupt's writes: put_writes_final)
-        assert len(statements) <= 4, statements
+        # lease + read, input checkpoint, the interrupt with the lease's release (put_writes_final)
+        assert len(statements) == 3, statements
         statements.clear()
         done = await graph.ainvoke(Command(resume="a"), thread_id="t")
         assert done["answer"] == "a"
