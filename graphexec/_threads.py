@@ -1,0 +1,208 @@
+"""Running sync node functions in worker threads, with less overhead than ``asyncio.to_thread``.
+
+Sync nodes may block (an LLM call), so they never run on the event loop. ``asyncio.to_thread``
+hands each call to the loop's default executor: a ``concurrent.futures`` work item and future,
+a shared work queue, an idle semaphore, and an asyncio future chained to the concurrent one.
+For a node that returns in microseconds that bookkeeping costs about a third of the hop; the
+rest is the two thread wake-ups no hop can avoid.
+
+:func:`run_in_thread` keeps, per event loop, a small pool of long-lived daemon worker threads
+(the same size bound as the default executor) in the style of AnyIO's worker threads: each
+worker has its own queue, idle workers are reused last-in first-out (the most recently run
+thread is the likeliest to be scheduled quickly), and a finished call completes its asyncio
+future with a single ``call_soon_threadsafe``. Calls beyond the bound wait in a backlog, in
+order.
+
+Semantics are those of ``asyncio.to_thread``: the caller's ``contextvars`` are visible in the
+function; its exception (traceback included) is raised to the awaiting coroutine; cancelling
+the await (``asyncio.timeout``) abandons the call but does not stop it, so a timed-out node
+keeps running in its thread until it returns, and a call cancelled before a worker picks it up
+never starts.
+
+Lifetime: the pool starts its workers on demand and stops them when the loop shuts down. The one
+shutdown hook ``asyncio.run``, ``asyncio.Runner`` and pytest-asyncio all call on a loop is
+:meth:`~asyncio.AbstractEventLoop.shutdown_asyncgens`, which closes every suspended async
+generator the loop knows; each pool parks one (:meth:`_NodeThreads._lifetime`) whose ``finally``
+stops and joins the workers, waiting (like ``shutdown_default_executor``) for calls still
+running. A loop closed without ``shutdown_asyncgens()`` leaves its idle daemon workers parked
+until the process exits; the private loop of the sync API (``_sync.py``) runs for the whole
+process, and so do its workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import queue
+import threading
+import weakref
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, TypeVar
+
+__all__ = ["max_workers", "run_in_thread"]
+
+T = TypeVar("T")
+
+max_workers = min(32, (os.cpu_count() or 1) + 4)
+"""Worker threads per event loop at most: the bound of the default executor."""
+
+_Job = tuple["asyncio.Future[Any]", contextvars.Context, Callable[..., Any], tuple[Any, ...]]
+
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _NodeThreads] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def run_in_thread(fn: Callable[..., T], /, *args: Any) -> T:
+    """Call ``fn(*args)`` in a worker thread of the running loop and return its result.
+
+    A drop-in for ``asyncio.to_thread(fn, *args)`` (see the module docstring for what differs
+    under the hood).
+    """
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is None:
+        pool = _pools[loop] = _NodeThreads(loop)
+    return await pool.submit(fn, args)  # type: ignore[no-any-return]
+
+
+class _Worker:
+    """One daemon thread and its queue of jobs (``None`` stops it)."""
+
+    __slots__ = ("busy", "queue", "thread")
+
+    def __init__(self, pool: _NodeThreads, index: int) -> None:
+        self.queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.busy = False
+        """Set while a job is handed to the worker and not yet reported back (loop thread)."""
+        self.thread = threading.Thread(
+            target=_work,
+            args=(self.queue, pool.report, self),
+            name=f"graphexec-node-{index}",
+            daemon=True,
+        )
+        self.thread.start()
+
+
+def _work(
+    jobs: queue.SimpleQueue[_Job | None], report: Callable[..., None], worker: _Worker
+) -> None:
+    """A worker thread's loop: run jobs in their callers' contexts, report each to the loop."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        future, ctx, fn, args = job
+        result: Any = None
+        error: BaseException | None = None
+        if not future.cancelled():  # abandoned before it started: never run it
+            try:
+                result = ctx.run(fn, *args)
+            except BaseException as e:
+                error = e
+        loop = future.get_loop()
+        try:
+            loop.call_soon_threadsafe(report, worker, future, result, error)
+        except RuntimeError:  # the loop closed while a timed-out call was still running
+            return
+        finally:
+            # Drop references before blocking again: a result or traceback must not outlive
+            # the call in an idle thread.
+            del job, future, ctx, fn, args, result, error, loop
+
+
+class _NodeThreads:
+    """The worker threads of one event loop. Used from that loop's thread only."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)
+        self._workers: list[_Worker] = []
+        self._idle: list[_Worker] = []
+        self._backlog: deque[_Job] = deque()
+        self._closed = False
+        self._lifetime_gen = self._lifetime()
+        # Run the generator up to its ``yield``: from now on the loop tracks it and
+        # shutdown_asyncgens() will close it (see the module docstring).
+        with contextlib.suppress(StopIteration):
+            next(self._lifetime_gen.__anext__().__await__())
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> asyncio.Future[Any]:
+        """Queue ``fn(*args)`` for a worker; the returned future gets its outcome."""
+        loop = self._loop()
+        assert loop is not None
+        if self._closed:
+            raise RuntimeError("the event loop is shutting down; cannot start a sync node now")
+        future = loop.create_future()
+        job: _Job = (future, contextvars.copy_context(), fn, args)
+        if self._idle:
+            worker = self._idle.pop()
+        elif len(self._workers) < max_workers:
+            worker = _Worker(self, len(self._workers))
+            self._workers.append(worker)
+        else:
+            self._backlog.append(job)
+            return future
+        worker.busy = True
+        worker.queue.put(job)
+        return future
+
+    def report(
+        self,
+        worker: _Worker,
+        future: asyncio.Future[Any],
+        result: Any,
+        error: BaseException | None,
+    ) -> None:
+        """On the loop: settle a finished job's future and give the worker its next job."""
+        if not future.cancelled():
+            if error is None:
+                future.set_result(result)
+            elif isinstance(error, StopIteration):
+                # A future cannot hold StopIteration (it would end the awaiting coroutine).
+                wrapped = RuntimeError(f"the function raised {error!r}")
+                wrapped.__cause__ = error
+                future.set_exception(wrapped)
+            else:
+                future.set_exception(error)
+        while self._backlog and not self._closed:
+            job = self._backlog.popleft()
+            if not job[0].cancelled():
+                worker.queue.put(job)
+                return
+        worker.busy = False
+        if self._closed:
+            worker.queue.put(None)
+        else:
+            self._idle.append(worker)
+
+    async def _lifetime(self) -> AsyncGenerator[None, None]:
+        """Parked at its ``yield`` until the loop shuts down; then stops the workers."""
+        try:
+            yield
+        finally:
+            await self._stop()
+
+    async def _stop(self) -> None:
+        self._closed = True
+        loop = self._loop()
+        if loop is not None and _pools.get(loop) is self:
+            del _pools[loop]
+        for job in self._backlog:
+            job[0].cancel()
+        self._backlog.clear()
+        for worker in self._workers:
+            if not worker.busy:
+                worker.queue.put(None)
+        idle = [w for w in self._workers if not w.busy]
+        busy = [w for w in self._workers if w.busy]
+        for worker in idle:
+            worker.thread.join()
+        # A busy worker gets its stop signal when it reports back (see ``report``). Wait for it
+        # without blocking the loop: the call may still need the loop (ctx.effect, a stream
+        # writer), as the default executor's shutdown also waits for running calls.
+        for worker in busy:
+            await asyncio.to_thread(worker.thread.join)
+        self._idle.clear()
