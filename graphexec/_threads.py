@@ -24,9 +24,9 @@ shutdown hook ``asyncio.run``, ``asyncio.Runner`` and pytest-asyncio all call on
 :meth:`~asyncio.AbstractEventLoop.shutdown_asyncgens`, which closes every suspended async
 generator the loop knows; each pool parks one (:meth:`_NodeThreads._lifetime`) whose ``finally``
 stops and joins the workers, waiting (like ``shutdown_default_executor``) for calls still
-running. A loop closed without ``shutdown_asyncgens()`` leaves its idle daemon workers parked
-until the process exits; the private loop of the sync API (``_sync.py``) runs for the whole
-process, and so do its workers.
+running. A loop closed by hand without ``shutdown_asyncgens()`` keeps its idle workers until the
+next pool is created (:func:`_stop_orphans`). The private loop of the sync API (``_sync.py``)
+runs for the whole process, and so do its workers.
 """
 
 from __future__ import annotations
@@ -65,8 +65,21 @@ async def run_in_thread(fn: Callable[..., T], /, *args: Any) -> T:
     loop = asyncio.get_running_loop()
     pool = _pools.get(loop)
     if pool is None:
+        _stop_orphans()
         pool = _pools[loop] = _NodeThreads(loop)
     return await pool.submit(fn, args)  # type: ignore[no-any-return]
+
+
+def _stop_orphans() -> None:
+    """Stop the pools of loops that were closed without ``shutdown_asyncgens()``.
+
+    Such a loop never tells its pool to stop (``loop.close()`` alone shuts down only the
+    default executor). Code that runs each call on a new loop and closes it by hand would
+    otherwise pile up idle threads, so every new pool first stops those left behind.
+    """
+    for loop, pool in list(_pools.items()):
+        if loop.is_closed():
+            pool.stop()
 
 
 class _Worker:
@@ -183,9 +196,17 @@ class _NodeThreads:
         try:
             yield
         finally:
-            await self._stop()
+            # Like the default executor's shutdown, wait for calls still running (a timed-out
+            # node), without blocking the loop: such a call may still need it (ctx.effect).
+            for worker in self.stop():
+                await asyncio.to_thread(worker.thread.join)
 
-    async def _stop(self) -> None:
+    def stop(self) -> list[_Worker]:
+        """Stop taking calls, stop and join the idle workers; return the busy ones.
+
+        A busy worker gets its stop signal when it reports back (see :meth:`report`), or exits
+        when it finds its loop closed.
+        """
         self._closed = True
         loop = self._loop()
         if loop is not None and _pools.get(loop) is self:
@@ -193,16 +214,11 @@ class _NodeThreads:
         for job in self._backlog:
             job[0].cancel()
         self._backlog.clear()
-        for worker in self._workers:
-            if not worker.busy:
-                worker.queue.put(None)
-        idle = [w for w in self._workers if not w.busy]
+        self._idle.clear()
         busy = [w for w in self._workers if w.busy]
+        idle = [w for w in self._workers if not w.busy]
+        for worker in idle:
+            worker.queue.put(None)
         for worker in idle:
             worker.thread.join()
-        # A busy worker gets its stop signal when it reports back (see ``report``). Wait for it
-        # without blocking the loop: the call may still need the loop (ctx.effect, a stream
-        # writer), as the default executor's shutdown also waits for running calls.
-        for worker in busy:
-            await asyncio.to_thread(worker.thread.join)
-        self._idle.clear()
+        return busy

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import operator
 import threading
 import traceback
@@ -145,10 +146,11 @@ async def test_concurrency_is_bounded_and_every_call_completes() -> None:
             running -= 1
         return i + total - total
 
+    before = node_threads()  # other loops' workers (the sync API's loop) are not this pool's
     results = await asyncio.gather(*(run_in_thread(work, i) for i in range(200)))
     assert results == list(range(200))
     assert 1 <= peak <= max_workers
-    assert len(node_threads()) <= max_workers
+    assert len(node_threads() - before) <= max_workers
 
 
 async def test_workers_run_calls_in_parallel() -> None:
@@ -298,3 +300,22 @@ def test_the_sync_api_runs_sync_nodes_in_worker_threads() -> None:
     assert first.status == "interrupted"
     out = g.invoke(Command(resume="bob"), thread_id="t")
     assert out["log"] == ["first", "inner:graphexec-node-", "answer:bob"]
+
+
+def test_a_loop_closed_by_hand_leaves_no_workers_behind() -> None:
+    before = node_threads()
+    n = min(3, max_workers)
+
+    async def main() -> None:
+        barrier = threading.Barrier(n, timeout=10)
+        await asyncio.gather(*(run_in_thread(barrier.wait) for _ in range(n)))
+
+    for _ in range(5):  # without shutdown_asyncgens(): only close()
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(main())
+        loop.close()
+    # each new pool stopped the previous loop's: at most one closed loop's workers are left
+    assert len(node_threads() - before) <= n
+    asyncio.run(main())
+    assert not node_threads() - before
+    gc.collect()  # the abandoned pools' generators are collected quietly
