@@ -311,7 +311,8 @@ class Run(TaskRunner):
             decisions = self._decisions(tasks)
             if decisions:
                 meta["decisions"] = decisions
-            self.emitter.emit("values", dict(self.values))
+            if self.emitter.wants("values"):
+                self.emitter.emit("values", dict(self.values))
             await self._commit("loop", deltas, frontier, meta)
             steps += 1
             if await self._breakpoints_after(tasks):

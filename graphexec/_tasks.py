@@ -152,6 +152,10 @@ class Emitter:
         self.queue = queue
         self.loop = asyncio.get_running_loop() if queue is not None else None
 
+    def wants(self, mode: str) -> bool:
+        """Whether a consumer receives ``mode`` parts (skip building payloads nobody reads)."""
+        return self.queue is not None and mode in self.modes
+
     def emit(self, mode: str, payload: Any) -> None:
         """Queue a part (from the event loop's thread)."""
         if self.queue is not None and mode in self.modes:
