@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import contextvars
 import os
-import queue
 import threading
 import weakref
 from collections import deque
@@ -83,48 +82,70 @@ def _stop_orphans() -> None:
 
 
 class _Worker:
-    """One daemon thread and its queue of jobs (``None`` stops it)."""
+    """One daemon thread, its jobs, and the pipe that wakes it.
 
-    __slots__ = ("busy", "queue", "thread")
+    A job goes in a deque and one byte into the pipe; the thread blocks in ``os.read`` on the
+    other end. Waking a thread through a pipe rather than a lock (``queue.SimpleQueue``) matters
+    because ``os.write`` releases the GIL: the woken thread can take it and run the node at
+    once. Woken by a lock release, it often preempts the loop's thread only to block on the GIL
+    the loop still holds, and must be woken a second time (measured: a hop of ~16 us instead of
+    ~26 us, ~22 us instead of ~37 us when the loop has work between hops).
+    """
+
+    __slots__ = ("_wake", "busy", "jobs", "thread")
 
     def __init__(self, pool: _NodeThreads, index: int) -> None:
-        self.queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.jobs: deque[_Job | None] = deque()
+        """Jobs handed over and not yet taken; ``None`` stops the thread."""
         self.busy = False
         """Set while a job is handed to the worker and not yet reported back (loop thread)."""
+        read_end, self._wake = os.pipe()
         self.thread = threading.Thread(
             target=_work,
-            args=(self.queue, pool.report, self),
+            args=(self, read_end, pool.report),
             name=f"graphexec-node-{index}",
             daemon=True,
         )
         self.thread.start()
 
+    def give(self, job: _Job | None) -> None:
+        """Hand the thread a job (or ``None``: stop). Only while the thread is running."""
+        self.jobs.append(job)
+        os.write(self._wake, b"\0")
 
-def _work(
-    jobs: queue.SimpleQueue[_Job | None], report: Callable[..., None], worker: _Worker
-) -> None:
-    """A worker thread's loop: run jobs in their callers' contexts, report each to the loop."""
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        future, ctx, fn, args = job
-        result: Any = None
-        error: BaseException | None = None
-        if not future.cancelled():  # abandoned before it started: never run it
+
+def _work(worker: _Worker, wake: int, report: Callable[..., None]) -> None:
+    """A worker thread's loop: run jobs in their callers' contexts, report each to the loop.
+
+    The thread owns the pipe and closes both ends when it stops: after its stop signal, or when
+    its loop is gone (nothing is handed to it after either).
+    """
+    try:
+        while True:
+            os.read(wake, 1)
+            job = worker.jobs.popleft()
+            if job is None:
+                return
+            future, ctx, fn, args = job
+            result: Any = None
+            error: BaseException | None = None
+            if not future.cancelled():  # abandoned before it started: never run it
+                try:
+                    result = ctx.run(fn, *args)
+                except BaseException as e:
+                    error = e
+            loop = future.get_loop()
             try:
-                result = ctx.run(fn, *args)
-            except BaseException as e:
-                error = e
-        loop = future.get_loop()
-        try:
-            loop.call_soon_threadsafe(report, worker, future, result, error)
-        except RuntimeError:  # the loop closed while a timed-out call was still running
-            return
-        finally:
-            # Drop references before blocking again: a result or traceback must not outlive
-            # the call in an idle thread.
-            del job, future, ctx, fn, args, result, error, loop
+                loop.call_soon_threadsafe(report, worker, future, result, error)
+            except RuntimeError:  # the loop closed while a timed-out call was still running
+                return
+            finally:
+                # Drop references before blocking again: a result or traceback must not
+                # outlive the call in an idle thread.
+                del job, future, ctx, fn, args, result, error, loop
+    finally:
+        os.close(wake)
+        os.close(worker._wake)
 
 
 class _NodeThreads:
@@ -159,7 +180,7 @@ class _NodeThreads:
             self._backlog.append(job)
             return future
         worker.busy = True
-        worker.queue.put(job)
+        worker.give(job)
         return future
 
     def report(
@@ -183,11 +204,11 @@ class _NodeThreads:
         while self._backlog and not self._closed:
             job = self._backlog.popleft()
             if not job[0].cancelled():
-                worker.queue.put(job)
+                worker.give(job)
                 return
         worker.busy = False
         if self._closed:
-            worker.queue.put(None)
+            worker.give(None)
         else:
             self._idle.append(worker)
 
@@ -218,7 +239,7 @@ class _NodeThreads:
         busy = [w for w in self._workers if w.busy]
         idle = [w for w in self._workers if not w.busy]
         for worker in idle:
-            worker.queue.put(None)
+            worker.give(None)
         for worker in idle:
             worker.thread.join()
         return busy
