@@ -8,6 +8,7 @@ import gc
 import operator
 import threading
 import traceback
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -160,7 +161,12 @@ async def test_workers_run_calls_in_parallel() -> None:
     assert sorted(results) == list(range(n))
 
 
-def test_no_worker_thread_outlives_asyncio_run() -> None:
+def open_fds() -> int | None:
+    fd_dir = Path("/proc/self/fd")
+    return len(list(fd_dir.iterdir())) if fd_dir.is_dir() else None
+
+
+def test_no_worker_thread_or_pipe_outlives_asyncio_run() -> None:
     before = node_threads()
     n = min(4, max_workers)
 
@@ -169,9 +175,12 @@ def test_no_worker_thread_outlives_asyncio_run() -> None:
         await asyncio.gather(*(run_in_thread(barrier.wait) for _ in range(n)))
         assert len(node_threads() - before) == n
 
+    asyncio.run(main())  # warm-up: the first asyncio.run may open files of its own
+    fds = open_fds()
     for _ in range(3):
         asyncio.run(main())
         assert not node_threads() - before
+        assert open_fds() == fds  # each worker's wake-up pipe is closed with it
 
 
 def test_loop_shutdown_waits_for_a_timed_out_call() -> None:
