@@ -311,7 +311,8 @@ class Run(TaskRunner):
             decisions = self._decisions(tasks)
             if decisions:
                 meta["decisions"] = decisions
-            self.emitter.emit("values", dict(self.values))
+            if self.emitter.wants("values"):
+                self.emitter.emit("values", dict(self.values))
             await self._commit("loop", deltas, frontier, meta)
             steps += 1
             if await self._breakpoints_after(tasks):
@@ -510,6 +511,8 @@ class Run(TaskRunner):
         setters: dict[str, str] = {}
         set_blobs: dict[str, bytes | None] = {}
         fold_blobs: dict[str, list[bytes | None]] = {}
+        # Only a subgraph run reports its changes (to its parent task); a root run skips them.
+        track = self.parent_task_id is not None
         for o in outcomes:
             node = o.task.node
             for ch, value, blob in o.writes:
@@ -528,14 +531,18 @@ class Run(TaskRunner):
                     self.values[ch] = value
                     set_blobs[ch] = blob
                     fold_blobs.pop(ch, None)
-                    self.changes[ch] = ("set", value)
+                    if track:
+                        self.changes[ch] = ("set", value)
                 else:
                     self.values[ch] = spec.reduce(node, self.values.get(ch, _MISSING), value)
                     fold_blobs.setdefault(ch, []).append(blob)
+                    if not track:
+                        continue
                     kind = self.changes.get(ch)
-                    if kind is None or kind[0] == "fold":
-                        prev_updates = [] if kind is None else kind[1]
-                        self.changes[ch] = ("fold", [*prev_updates, value])
+                    if kind is None:
+                        self.changes[ch] = ("fold", [value])
+                    elif kind[0] == "fold":
+                        kind[1].append(value)  # the list is ours: appending keeps a fold O(1)
                     else:
                         self.changes[ch] = ("set", self.values[ch])
         if self.cp is None:

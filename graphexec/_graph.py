@@ -28,7 +28,15 @@ from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
 from graphexec._serde import Serializer
 from graphexec._state import _MISSING, RemoveMessage
 from graphexec._sync import iterate_sync, run_sync
-from graphexec._tasks import Emitter, Frontier, Outcome, Task, random_anchor, task_id_for
+from graphexec._tasks import (
+    Emitter,
+    Frontier,
+    Heartbeat,
+    Outcome,
+    Task,
+    random_anchor,
+    task_id_for,
+)
 from graphexec._types import (
     END,
     START,
@@ -47,7 +55,6 @@ from graphexec.errors import (
     GraphExecError,
     InvalidResumeError,
     InvalidUpdateError,
-    LeaseLostError,
     NodeExecutionError,
     NodeTimeoutError,
     NotSupportedError,
@@ -332,12 +339,6 @@ class CompiledGraph(Generic[StateT]):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def _heartbeat(self, lease: Lease, holder: list[Lease]) -> None:
-        store = self._store()
-        while True:
-            await asyncio.sleep(self.lease_ttl / 3)
-            holder[0] = await store.renew_lease(holder[0], ttl=self.lease_ttl)
-
     # -- running ----------------------------------------------------------------------------
 
     async def _execute(
@@ -361,8 +362,7 @@ class CompiledGraph(Generic[StateT]):
             raise GraphExecError(f"recursion_limit must be >= 1, got {limit}")
         run_id = uuid.uuid4().hex
         lease, prefetched = await self._acquire(thread_id, run_id, on_busy, checkpoint_id)
-        holder: list[Lease] = [lease] if lease is not None else []
-        beat = asyncio.create_task(self._heartbeat(lease, holder)) if lease is not None else None
+        beat = None if lease is None else Heartbeat(self._store(), lease, self.lease_ttl)
         run = Run(
             self,
             thread_id=thread_id,
@@ -424,11 +424,9 @@ class CompiledGraph(Generic[StateT]):
         finally:
             run.committer.abandon()
             if beat is not None:
-                beat.cancel()
-                with contextlib.suppress(asyncio.CancelledError, LeaseLostError):
-                    await beat
-            if holder and self.checkpointer is not None and not run.lease_released:
-                await asyncio.shield(self.checkpointer.release_lease(holder[0]))
+                await beat.stop()
+                if self.checkpointer is not None and not run.lease_released:
+                    await asyncio.shield(self.checkpointer.release_lease(beat.lease))
         return RunResult(
             values=dict(run.values),
             status=status,

@@ -36,14 +36,28 @@ def _copy(cp: Checkpoint) -> Checkpoint:
     """A copy sharing nothing mutable with ``cp`` (blobs are immutable bytes).
 
     Metadata is copied through the serializer, which is faster than ``deepcopy`` and refuses
-    values a durable backend could not store either.
+    values a durable backend could not store either. The copy is built with the constructor:
+    ``dataclasses.replace`` would cost as much again.
     """
-    meta = _metadata_serde.loads(_metadata_serde.dumps(dict(cp.metadata), channel="__metadata__"))
-    return replace(
-        cp,
+    return Checkpoint(
+        thread_id=cp.thread_id,
+        checkpoint_ns=cp.checkpoint_ns,
+        checkpoint_id=cp.checkpoint_id,
+        parent_id=cp.parent_id,
+        step=cp.step,
+        source=cp.source,
+        created_at=cp.created_at,
+        graph_version=cp.graph_version,
         deltas=dict(cp.deltas),
         snapshot=None if cp.snapshot is None else dict(cp.snapshot),
-        metadata=meta,
+        frontier=cp.frontier,
+        next_nodes=cp.next_nodes,
+        metadata=_metadata_serde.loads(
+            _metadata_serde.dumps(dict(cp.metadata), channel="__metadata__")
+        ),
+        delta_depth=cp.delta_depth,
+        delta_bytes=cp.delta_bytes,
+        snapshot_bytes=cp.snapshot_bytes,
     )
 
 

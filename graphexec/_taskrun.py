@@ -22,6 +22,7 @@ from graphexec._hitl import TaskScope, current_scope, interrupt_id
 from graphexec._serde import Serializer
 from graphexec._state import _MISSING, StateSchema
 from graphexec._tasks import EFFECT, Emitter, Outcome, Task, TaskRecord, idempotency_key_for
+from graphexec._threads import run_in_thread
 from graphexec._types import END, Command, Interruption, Send
 from graphexec.errors import (
     GraphExecError,
@@ -269,12 +270,12 @@ class TaskRunner(ABC):
             if spec.timeout is None:
                 if spec.is_async:
                     return await fn(*args)
-                return await asyncio.to_thread(fn, *args)
+                return await run_in_thread(fn, *args)
             try:
                 async with asyncio.timeout(spec.timeout) as cm:
                     if spec.is_async:
                         return await fn(*args)
-                    return await asyncio.to_thread(fn, *args)
+                    return await run_in_thread(fn, *args)
             except TimeoutError as e:
                 if cm.expired():
                     raise NodeTimeoutError(

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graphexec._hitl import Answer
 from graphexec._types import Durability, Interruption, Send
+from graphexec.errors import LeaseLostError
+
+if TYPE_CHECKING:
+    from graphexec._checkpoint import BaseCheckpointer, Lease
 
 __all__ = [
     "AFTER",
@@ -23,6 +28,7 @@ __all__ = [
     "Committer",
     "Emitter",
     "Frontier",
+    "Heartbeat",
     "Outcome",
     "Task",
     "TaskRecord",
@@ -146,6 +152,10 @@ class Emitter:
         self.queue = queue
         self.loop = asyncio.get_running_loop() if queue is not None else None
 
+    def wants(self, mode: str) -> bool:
+        """Whether a consumer receives ``mode`` parts (skip building payloads nobody reads)."""
+        return self.queue is not None and mode in self.modes
+
     def emit(self, mode: str, payload: Any) -> None:
         """Queue a part (from the event loop's thread)."""
         if self.queue is not None and mode in self.modes:
@@ -227,3 +237,37 @@ class Committer:
         """Stop without storing what is still queued (the run was cancelled)."""
         if self._worker is not None:
             self._worker.cancel()
+
+
+class Heartbeat:
+    """Renews a run's lease every ``ttl / 3`` seconds until :meth:`stop`.
+
+    A timer, not a task: most runs end long before their first renewal, and creating,
+    cancelling and awaiting a task per run cost more than a short run's whole lease handling.
+    A renewal that fails ends the heartbeat; :meth:`stop` re-raises its error unless the lease
+    was lost (the run's next commit reports that).
+    """
+
+    def __init__(self, store: BaseCheckpointer, lease: Lease, ttl: float) -> None:
+        self.lease = lease
+        """The latest renewal of the lease (release this one)."""
+        self._store = store
+        self._ttl = ttl
+        self._loop = asyncio.get_running_loop()
+        self._renewal: asyncio.Task[None] | None = None
+        self._timer = self._loop.call_later(ttl / 3, self._start_renewal)
+
+    def _start_renewal(self) -> None:
+        self._renewal = self._loop.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        self.lease = await self._store.renew_lease(self.lease, ttl=self._ttl)
+        self._timer = self._loop.call_later(self._ttl / 3, self._start_renewal)
+
+    async def stop(self) -> None:
+        """Stop renewing; wait for a renewal in flight to unwind."""
+        self._timer.cancel()
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError, LeaseLostError):
+                await self._renewal
