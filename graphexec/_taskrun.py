@@ -86,16 +86,19 @@ class TaskRunner(ABC):
     async def _run_task(self, task: Task, step: int) -> Outcome:
         spec = self.spec.nodes[task.node]
         rec = self._record(task.task_id)
-        self.emitter.emit(
-            "events",
-            {
-                "event": "task_start",
-                "node": task.node,
-                "task_id": task.task_id,
-                "step": step,
-                "ns": self.ns,
-            },
-        )
+        emitter = self.emitter
+        events = emitter.wants("events")
+        if events:
+            emitter.emit(
+                "events",
+                {
+                    "event": "task_start",
+                    "node": task.node,
+                    "task_id": task.task_id,
+                    "step": step,
+                    "ns": self.ns,
+                },
+            )
         try:
             outcome = await self._gated(spec, task, rec, step)
         except GraphInterrupt as gi:
@@ -115,19 +118,20 @@ class TaskRunner(ABC):
             return Outcome(task, [], [], error=e)
         if outcome.interrupts:
             return outcome
-        update = {ch: value for ch, value, _ in outcome.writes}
-        self.emitter.emit("updates", {task.node: update})
-        self.emitter.emit(
-            "events",
-            {
-                "event": "task_end",
-                "node": task.node,
-                "task_id": task.task_id,
-                "step": step,
-                "ns": self.ns,
-                "update": update,
-            },
-        )
+        if events or emitter.wants("updates"):
+            update = {ch: value for ch, value, _ in outcome.writes}
+            emitter.emit("updates", {task.node: update})
+            emitter.emit(
+                "events",
+                {
+                    "event": "task_end",
+                    "node": task.node,
+                    "task_id": task.task_id,
+                    "step": step,
+                    "ns": self.ns,
+                    "update": update,
+                },
+            )
         return outcome
 
     async def _gated(self, spec: NodeSpec, task: Task, rec: TaskRecord, step: int) -> Outcome:
@@ -259,12 +263,19 @@ class TaskRunner(ABC):
         return result
 
     async def _call_once(
-        self, spec: NodeSpec, task: Task, rec: TaskRecord, ctx: NodeContext, values: dict[str, Any]
+        self,
+        spec: NodeSpec,
+        task: Task,
+        rec: TaskRecord,
+        step: int,
+        attempt: int,
+        values: dict[str, Any],
     ) -> Any:
         fn = spec.fn
         assert fn is not None
         arg = task.arg if task.push else self.schema.to_node_input(values)
-        args = (arg, ctx) if spec.takes_ctx else (arg,)
+        # The context (closures, the idempotency key's hash) only for nodes that take it.
+        args = (arg, self._context(spec, task, rec, step, attempt)) if spec.takes_ctx else (arg,)
         token = current_scope.set(TaskScope(self.ns, task.task_id, task.node, rec.answers))
         try:
             if spec.timeout is None:
@@ -280,7 +291,7 @@ class TaskRunner(ABC):
                 if cm.expired():
                     raise NodeTimeoutError(
                         f"node {spec.name!r} did not finish within its timeout of "
-                        f"{spec.timeout}s (attempt {ctx.attempt}); raise timeout= or make the "
+                        f"{spec.timeout}s (attempt {attempt}); raise timeout= or make the "
                         "node faster",
                         node=spec.name,
                         timeout=spec.timeout,
@@ -295,11 +306,10 @@ class TaskRunner(ABC):
         done_before = rec.attempts
         policy = spec.retry
         if policy is None:
-            ctx = self._context(spec, task, rec, step, done_before + 1)
             try:
-                return await self._call_once(spec, task, rec, ctx, values)
+                return await self._call_once(spec, task, rec, step, done_before + 1, values)
             except Exception as e:
-                raise self._node_error(spec, ctx.attempt, e) from e
+                raise self._node_error(spec, done_before + 1, e) from e
         remaining = max(policy.max_attempts - done_before, 1)
 
         def wait(state: RetryCallState) -> float:
@@ -321,8 +331,7 @@ class TaskRunner(ABC):
             ):
                 with attempt:
                     attempt_no = done_before + attempt.retry_state.attempt_number
-                    ctx = self._context(spec, task, rec, step, attempt_no)
-                    result = await self._call_once(spec, task, rec, ctx, values)
+                    result = await self._call_once(spec, task, rec, step, attempt_no, values)
         except Exception as e:
             raise self._node_error(spec, attempt_no, e) from e
         return result
