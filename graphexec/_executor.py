@@ -451,7 +451,8 @@ class Run(TaskRunner):
         assert thread_id is not None and cid is not None
         task_id = outcome.task.task_id
         await self.committer.submit(
-            lambda: cp.put_writes(thread_id, ns, cid, task_id, writes, lease=lease)
+            lambda: cp.put_writes(thread_id, ns, cid, task_id, writes, lease=lease),
+            writes_of=task_id,
         )
 
     async def _save_unsaved(self, outcomes: Sequence[Outcome], *, force: bool = False) -> None:

@@ -175,21 +175,34 @@ class Emitter:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (mode, payload))
 
 
+@dataclass(slots=True)
+class _Queued:
+    call: Callable[[], Any]
+    task_id: str | None
+    """Set for a task's pending writes: independent of other tasks' writes queued next to it."""
+
+
 class Committer:
     """Applies the durability mode to storage calls.
 
     ``sync`` awaits each call; ``async`` runs calls in order in one background task so the next
     step overlaps the commit, and re-raises a failed commit at the next submit, drain or flush.
+    Pending writes of different tasks queued back to back are independent of one another, so
+    the background task runs such a run of them concurrently (a backend may then store them in
+    one statement); checkpoints, and a task's second save, still wait for everything before.
     """
 
     def __init__(self, durability: Durability) -> None:
         self.durability = durability
-        self._queue: asyncio.Queue[Callable[[], Any] | None] | None = None
+        self._queue: asyncio.Queue[_Queued | None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
 
-    async def submit(self, call: Callable[[], Any]) -> None:
-        """Run ``call`` now (sync/exit) or queue it behind earlier ones (async)."""
+    async def submit(self, call: Callable[[], Any], *, writes_of: str | None = None) -> None:
+        """Run ``call`` now (sync/exit) or queue it behind earlier ones (async).
+
+        ``writes_of``: the call saves pending writes of this task (see the class docstring).
+        """
         if self.durability != "async":
             await call()
             return
@@ -197,21 +210,42 @@ class Committer:
         if self._queue is None:
             self._queue = asyncio.Queue()
             self._worker = asyncio.create_task(self._work())
-        self._queue.put_nowait(call)
+        self._queue.put_nowait(_Queued(call, writes_of))
 
     async def _work(self) -> None:
-        assert self._queue is not None
+        queue = self._queue
+        assert queue is not None
+        held: list[_Queued | None] = []  # taken off the queue, not part of the batch: next
         while True:
-            call = await self._queue.get()
+            item = held.pop() if held else await queue.get()
+            batch = [item]
+            if item is not None and item.task_id is not None:
+                tasks = {item.task_id}
+                while not queue.empty():
+                    nxt = queue.get_nowait()
+                    if nxt is None or nxt.task_id is None or nxt.task_id in tasks:
+                        held.append(nxt)
+                        break
+                    tasks.add(nxt.task_id)
+                    batch.append(nxt)
             try:
-                if call is None:
+                if item is None:
                     return
                 if self._error is None:
-                    await call()
+                    if len(batch) == 1:
+                        await item.call()
+                    else:
+                        results = await asyncio.gather(
+                            *(q.call() for q in batch if q is not None), return_exceptions=True
+                        )
+                        for r in results:
+                            if isinstance(r, BaseException):
+                                raise r
             except Exception as e:
                 self._error = e
             finally:
-                self._queue.task_done()
+                for _ in batch:
+                    queue.task_done()
 
     def _raise_pending(self) -> None:
         if self._error is not None:
