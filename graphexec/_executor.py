@@ -294,7 +294,7 @@ class Run(TaskRunner):
                     rec = self._record(o.task.task_id)
                     rec.interrupts = list(o.interrupts)
                     blob = self.serde.dumps(_intr_data(o.interrupts), channel=INTERRUPT)
-                    if k == len(new) - 1 and self._can_release_with_writes():
+                    if k == len(new) - 1 and self._owns_lease:
                         await self._persist_final(o.task.task_id, [(INTERRUPT, blob)])
                     else:
                         await self._persist_now(o.task.task_id, [(INTERRUPT, blob)])
@@ -489,14 +489,14 @@ class Run(TaskRunner):
             self.thread_id, self.ns, self.head, task_id, writes, lease=self.lease
         )
 
-    def _can_release_with_writes(self) -> bool:
-        """Whether the run's last store may also release its lease (a root run that pauses)."""
-        return (
-            self.cp is not None
-            and self.thread_id is not None
-            and self.lease is not None
-            and self.parent_task_id is None
-        )
+    @property
+    def _owns_lease(self) -> bool:
+        """Whether this run holds the thread's lease itself (a root run, not a subgraph's).
+
+        Then its last store -- the final checkpoint, or the interrupt that pauses it -- also
+        releases the lease, in the same transaction.
+        """
+        return self.lease is not None and self.parent_task_id is None
 
     async def _persist_final(self, task_id: str, writes: list[tuple[str, bytes]]) -> None:
         """:meth:`_persist_now` as the run's last store: it also releases the lease."""
@@ -633,7 +633,7 @@ class Run(TaskRunner):
         self.head = checkpoint_id
         self.last = cp
         store, lease = self.cp, self.lease
-        if lease is not None and not frontier.tasks and self.parent_task_id is None:
+        if lease is not None and self._owns_lease and not frontier.tasks:
             # The run's last commit: release the lease in the same transaction.
             async def final() -> None:
                 await store.put_final(cp, expected_head=expected, lease=lease)
@@ -676,7 +676,7 @@ class Run(TaskRunner):
             cp = self._build(
                 checkpoint_id, source, deltas, self.frontier, metadata, self._exit_parent
             )
-            if final and self.lease is not None and self.parent_task_id is None:
+            if final and self.lease is not None and self._owns_lease:
                 await self.cp.put_final(cp, expected_head=self._exit_expected, lease=self.lease)
                 self.lease_released = True
             else:
