@@ -218,8 +218,11 @@ class Committer:
         held: list[_Queued | None] = []  # taken off the queue, not part of the batch: next
         while True:
             item = held.pop() if held else await queue.get()
+            if item is None:  # flush()'s stop marker
+                queue.task_done()
+                return
             batch = [item]
-            if item is not None and item.task_id is not None:
+            if item.task_id is not None:
                 tasks = {item.task_id}
                 while not queue.empty():
                     nxt = queue.get_nowait()
@@ -229,18 +232,17 @@ class Committer:
                     tasks.add(nxt.task_id)
                     batch.append(nxt)
             try:
-                if item is None:
-                    return
-                if self._error is None:
-                    if len(batch) == 1:
-                        await item.call()
-                    else:
-                        results = await asyncio.gather(
-                            *(q.call() for q in batch if q is not None), return_exceptions=True
-                        )
-                        for r in results:
-                            if isinstance(r, BaseException):
-                                raise r
+                if self._error is not None:
+                    pass  # a commit failed: skip the rest; the error surfaces at the next call
+                elif len(batch) == 1:
+                    await item.call()
+                else:
+                    results = await asyncio.gather(
+                        *(q.call() for q in batch), return_exceptions=True
+                    )
+                    for r in results:
+                        if isinstance(r, BaseException):
+                            raise r
             except Exception as e:
                 self._error = e
             finally:
