@@ -539,11 +539,7 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         once its own writes are committed, with its own verdict, and each call's writes are
         saved atomically (a batch is atomic as a whole).
         """
-        _check_lease_thread(thread_id, lease)
-        last = dict(writes)  # a channel written twice keeps its first position, last value
-        stored = self._codec.write_rows(
-            thread_id, checkpoint_ns, checkpoint_id, task_id, list(last.items())
-        )
+        stored = self._write_rows(thread_id, checkpoint_ns, checkpoint_id, task_id, writes, lease)
         epoch = None if lease is None else lease.epoch
         key: _WritesKey = (
             asyncio.get_running_loop(),
@@ -581,11 +577,7 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         lease: Lease,
     ) -> None:
         """See :meth:`BaseCheckpointer.put_writes_final`. One statement."""
-        _check_lease_thread(thread_id, lease)
-        last = dict(writes)
-        stored = self._codec.write_rows(
-            thread_id, checkpoint_ns, checkpoint_id, task_id, list(last.items())
-        )
+        stored = self._write_rows(thread_id, checkpoint_ns, checkpoint_id, task_id, writes, lease)
         params = {
             "thread_id": thread_id,
             "checkpoint_ns": checkpoint_ns,
@@ -597,6 +589,25 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         }
         [(verdict, owner)] = await self._db.fetch("put_writes", _PUT_WRITES_FINAL, params)
         self._check_writes(verdict, owner, thread_id, checkpoint_id, lease)
+
+    def _write_rows(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        lease: Lease | None,
+    ) -> list[tuple[str, bytes]]:
+        """The rows ``put_writes`` stores, one per channel and task.
+
+        A channel written twice keeps its first position and its last value.
+        """
+        _check_lease_thread(thread_id, lease)
+        last = dict(writes)
+        return self._codec.write_rows(
+            thread_id, checkpoint_ns, checkpoint_id, task_id, list(last.items())
+        )
 
     def _check_writes(
         self, verdict: Any, owner: Any, thread_id: str, checkpoint_id: str, lease: Lease | None
