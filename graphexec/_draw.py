@@ -4,13 +4,48 @@ from __future__ import annotations
 
 import re
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
 from graphexec._types import END, START
 
-__all__ = ["draw_mermaid", "draw_svg"]
+if TYPE_CHECKING:
+    from graphexec._builder import GraphSpec
+
+__all__ = ["draw_mermaid", "draw_svg", "graph_to_networkx"]
+
+
+def graph_to_networkx(spec: GraphSpec, name: str) -> nx.MultiDiGraph[str]:
+    """The graph as a networkx ``MultiDiGraph`` (one edge per declared connection).
+
+    Edges carry a ``kind`` attribute: ``edge``, ``join``, ``conditional`` or
+    ``destination``; conditional edges also carry the routing ``label``. Several routing
+    keys leading to the same node, or a static edge beside a conditional one, are separate
+    edges.
+    """
+    g: nx.MultiDiGraph[str] = nx.MultiDiGraph(name=name)
+    g.add_node(START)
+    for node_name, node in spec.nodes.items():
+        g.add_node(node_name, subgraph=node.subgraph is not None)
+    g.add_node(END)
+    for source, targets in spec.edges.items():
+        for t in targets:
+            g.add_edge(source, t, kind="edge")
+    for sources, target in spec.joins:
+        for s in sources:
+            g.add_edge(s, target, kind="join")
+    for source, branches in spec.branches.items():
+        for br in branches:
+            mapping = br.path_map or {n: n for n in [*spec.nodes, END]}
+            for key, target in mapping.items():
+                g.add_edge(source, target, kind="conditional", label=str(key))
+    for node_name, node in spec.nodes.items():
+        for d in node.destinations:
+            g.add_edge(node_name, d, kind="destination")
+        if node.on_reject is not None:
+            g.add_edge(node_name, node.on_reject, kind="conditional", label="rejected")
+    return g
 
 
 # Words Mermaid's flowchart parser treats specially: never usable as a node id.

@@ -25,6 +25,7 @@ from graphexec._checkpoint import (
     new_checkpoint_id,
 )
 from graphexec._hitl import Answer, interrupt_id
+from graphexec._serde import Serializer
 from graphexec._state import _MISSING
 from graphexec._taskrun import TaskRunner, decode_answers
 from graphexec._tasks import (
@@ -56,7 +57,8 @@ from graphexec.errors import (
 
 if TYPE_CHECKING:
     from graphexec._builder import NodeSpec
-    from graphexec._graph import CompiledGraph, Prefetched
+    from graphexec._graph import CompiledGraph
+    from graphexec._reader import Prefetched
 
 __all__ = ["Run", "resume_error"]
 
@@ -157,7 +159,7 @@ class Run(TaskRunner):
             self.head = None if head is None else head.checkpoint.checkpoint_id
             # A replay from an earlier checkpoint is new work on a new branch: new keys.
             self.anchor = random_anchor()
-        self.records = decode_records(self.graph, tup, self.frontier)
+        self.records = decode_records(self.graph.serde, tup, self.frontier)
         return tup
 
     def check_version(self) -> None:
@@ -881,10 +883,9 @@ class Run(TaskRunner):
 
 
 def decode_records(
-    graph: CompiledGraph[Any], tup: CheckpointTuple, frontier: Frontier
+    serde: Serializer, tup: CheckpointTuple, frontier: Frontier
 ) -> dict[str, TaskRecord]:
     """Group a checkpoint's pending writes into per-task records."""
-    serde = graph.serde
     by_task: dict[str, dict[str, bytes]] = {}
     for w in tup.pending_writes:
         by_task.setdefault(w.task_id, {})[w.channel] = w.data

@@ -1,4 +1,8 @@
-"""``CompiledGraph``: running a graph, reading its threads, and time travel."""
+"""``CompiledGraph``: running a graph, time travel and thread administration.
+
+Reading threads (checkpoints folded back into values, ``get_state``, history) is its base
+class, :class:`~graphexec._reader.ThreadReader`.
+"""
 
 from __future__ import annotations
 
@@ -15,18 +19,14 @@ import networkx as nx
 from graphexec._builder import GraphSpec
 from graphexec._checkpoint import (
     BaseCheckpointer,
-    Checkpoint,
     CheckpointTuple,
     Lease,
     ThreadInfo,
-    ValuesCache,
-    detach,
 )
-from graphexec._draw import draw_mermaid, draw_svg
-from graphexec._executor import Run, decode_records, resume_error
+from graphexec._draw import draw_mermaid, draw_svg, graph_to_networkx
+from graphexec._executor import Run, resume_error
 from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
-from graphexec._serde import Serializer
-from graphexec._state import _MISSING, RemoveMessage
+from graphexec._reader import Prefetched, ThreadReader
 from graphexec._sync import iterate_sync, run_sync
 from graphexec._tasks import (
     Emitter,
@@ -35,7 +35,6 @@ from graphexec._tasks import (
     Outcome,
     Task,
     random_anchor,
-    task_id_for,
 )
 from graphexec._types import (
     END,
@@ -45,9 +44,7 @@ from graphexec._types import (
     Interruption,
     RunResult,
     RunStatus,
-    StateSnapshot,
     StreamMode,
-    TaskInfo,
 )
 from graphexec.errors import (
     CheckpointError,
@@ -72,8 +69,6 @@ _MODES = ("values", "updates", "events", "custom")
 _RUN_FAILURES = (NodeExecutionError, NodeTimeoutError, InvalidUpdateError, RecursionLimitError)
 _DONE = object()
 StateT = TypeVar("StateT")
-Prefetched = tuple[CheckpointTuple | None, tuple[str, dict[str, Any]] | None]
-"""A run's starting checkpoint read with its lease, and the cached values the read assumed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +90,7 @@ class BranchInfo:
     is_head: bool
 
 
-class CompiledGraph(Generic[StateT]):
+class CompiledGraph(ThreadReader, Generic[StateT]):
     """A validated graph, ready to run. Create it with :meth:`StateGraph.compile`.
 
     Every operation is async (``ainvoke``, ``aget_state`` ...) with a sync twin of the same name
@@ -120,8 +115,7 @@ class CompiledGraph(Generic[StateT]):
     ) -> None:
         if lease_ttl <= 0:
             raise GraphExecError(f"lease_ttl must be > 0 seconds, got {lease_ttl}")
-        self.spec = spec
-        self.checkpointer = checkpointer
+        super().__init__(spec, checkpointer)
         self.memory = memory
         self.name = name
         self.recursion_limit = recursion_limit
@@ -129,11 +123,6 @@ class CompiledGraph(Generic[StateT]):
         self.lease_ttl = lease_ttl
         self.interrupt_before = interrupt_before
         self.interrupt_after = interrupt_after
-        self.values_cache = ValuesCache()
-        """Values of each recently used thread's head (see :class:`ValuesCache`)."""
-        self.serde = Serializer()
-        self.serde.register(RemoveMessage, name="graphexec.RemoveMessage")
-        self.serde.register_schema(spec.schema.schema)
 
     def with_checkpointer(self, checkpointer: BaseCheckpointer | None) -> CompiledGraph[StateT]:
         """The same graph (same version) storing its checkpoints in ``checkpointer``."""
@@ -153,163 +142,6 @@ class CompiledGraph(Generic[StateT]):
     def version(self) -> str:
         """Fingerprint of nodes, edges and the state schema, recorded in every checkpoint."""
         return self.spec.version
-
-    # -- encoding ---------------------------------------------------------------------------
-
-    def encode_frontier(self, frontier: Frontier) -> bytes:
-        """Serialize next tasks and join barriers for a checkpoint."""
-        tasks = [[t.node, t.push, t.index, t.arg] for t in frontier.tasks]
-        barriers = [[i, seen] for i, seen in sorted(frontier.barriers.items())]
-        data: dict[str, Any] = {"t": tasks, "b": barriers}
-        if frontier.anchor is not None and tasks:
-            # 16 raw bytes, not 32 hex characters: it is stored with every checkpoint. A
-            # frontier without tasks needs none: nothing resumes from it.
-            data["k"] = bytes.fromhex(frontier.anchor)
-        return self.serde.dumps(data, channel="__frontier__")
-
-    def decode_frontier(self, checkpoint: Checkpoint) -> Frontier:
-        """The frontier stored in ``checkpoint``, with task ids derived from its id."""
-        data = self.serde.loads(checkpoint.frontier, channel="__frontier__")
-        ns, cid = checkpoint.checkpoint_ns, checkpoint.checkpoint_id
-        tasks = [
-            Task(node, push, index, arg, task_id_for(ns, cid, node, push, index))
-            for node, push, index, arg in data["t"]
-        ]
-        anchor = data.get("k")
-        return Frontier(
-            tasks,
-            {int(i): list(seen) for i, seen in data["b"]},
-            anchor.hex() if isinstance(anchor, bytes) else None,
-        )
-
-    def materialize(
-        self, tup: CheckpointTuple, known: tuple[str, Mapping[str, Any]] | None = None
-    ) -> dict[str, Any]:
-        """Channel values at ``tup.checkpoint``: its nearest snapshot plus the deltas since.
-
-        Updates of concatenating reducers (``operator.add`` on lists, ``add_messages``) are
-        gathered across the whole chain and folded with one reducer call, so a read costs
-        O(state) rather than O(deltas x state).
-
-        ``known`` is ``(checkpoint_id, values)`` the caller already holds (``tup`` then comes
-        from :meth:`~graphexec.BaseCheckpointer.get_since`): when the chain reaches that
-        checkpoint before a snapshot, only the deltas after it are folded, onto a detached copy
-        of its values.
-        """
-        chain = [*tup.chain, tup.checkpoint]
-        if known is not None:
-            known_id, known_values = known
-            for i in range(len(chain) - 1, -1, -1):
-                link = chain[i]
-                if link.checkpoint_id == known_id or link.parent_id == known_id:
-                    start = i + 1 if link.checkpoint_id == known_id else i
-                    values = detach(known_values)
-                    folds: dict[str, list[Any]] = {}
-                    for cp in chain[start:]:
-                        self._fold_deltas(values, cp, folds)
-                    self._flush_folds(values, folds)
-                    return values
-                if link.snapshot is not None:
-                    break
-        base = chain[0]
-        if base.snapshot is None:
-            raise CheckpointError(
-                f"thread {base.thread_id!r}: checkpoint {base.checkpoint_id!r} should carry a "
-                "snapshot but does not; the stored history is incomplete"
-            )
-        values = {ch: self.serde.loads(b, channel=ch) for ch, b in base.snapshot.items()}
-        pending: dict[str, list[Any]] = {}
-        for cp in chain[1:]:
-            self._fold_deltas(values, cp, pending)
-        self._flush_folds(values, pending)
-        return values
-
-    def apply_deltas(self, values: dict[str, Any], cp: Checkpoint) -> None:
-        """Fold one checkpoint's deltas into ``values`` (in place)."""
-        pending: dict[str, list[Any]] = {}
-        self._fold_deltas(values, cp, pending)
-        self._flush_folds(values, pending)
-
-    def _fold_deltas(
-        self, values: dict[str, Any], cp: Checkpoint, pending: dict[str, list[Any]]
-    ) -> None:
-        if cp.snapshot is not None:
-            pending.clear()
-            values.clear()
-            values.update({ch: self.serde.loads(b, channel=ch) for ch, b in cp.snapshot.items()})
-            return
-        channels = self.spec.schema.channels
-        for ch, delta in cp.deltas.items():
-            if delta.op == "set":
-                pending.pop(ch, None)
-                values[ch] = self.serde.loads(delta.blobs[0], channel=ch)
-                continue
-            spec = channels.get(ch)
-            if spec is None or spec.reducer is None:
-                raise CheckpointError(
-                    f"thread {cp.thread_id!r}, checkpoint {cp.checkpoint_id!r}: state key "
-                    f"{ch!r} was stored as reducer updates, but the current schema has no "
-                    "reducer for it; restore the reducer or migrate the thread"
-                )
-            updates = [self.serde.loads(blob, channel=ch) for blob in delta.blobs]
-            if spec.batchable:
-                pending.setdefault(ch, []).extend(updates)
-                continue
-            for update in updates:
-                values[ch] = spec.reduce("__read__", values.get(ch, _MISSING), update)
-
-    def _flush_folds(self, values: dict[str, Any], pending: dict[str, list[Any]]) -> None:
-        channels = self.spec.schema.channels
-        for ch, updates in pending.items():
-            spec = channels[ch]
-            values[ch] = spec.reduce("__read__", values.get(ch, _MISSING), spec.concat(updates))
-        pending.clear()
-
-    # -- argument handling ------------------------------------------------------------------
-
-    def _thread(
-        self,
-        thread_id: str | None,
-        checkpoint_id: str | None,
-        config: Mapping[str, Any] | None,
-        *,
-        required: bool,
-    ) -> tuple[str | None, str | None]:
-        if config is not None:
-            conf = config.get("configurable", {})
-            if not isinstance(conf, Mapping):
-                raise GraphExecError("config['configurable'] must be a dict")
-            for key, given in (("thread_id", thread_id), ("checkpoint_id", checkpoint_id)):
-                other = conf.get(key)
-                if other is not None and given is not None and other != given:
-                    raise GraphExecError(
-                        f"{key} given twice with different values ({given!r} and "
-                        f"config {other!r}); pass it once"
-                    )
-            thread_id = thread_id if thread_id is not None else conf.get("thread_id")
-            checkpoint_id = (
-                checkpoint_id if checkpoint_id is not None else conf.get("checkpoint_id")
-            )
-        if thread_id is not None:
-            if not isinstance(thread_id, str) or not thread_id:
-                raise GraphExecError(f"thread_id must be a non-empty string, got {thread_id!r}")
-            if self.checkpointer is None:
-                raise GraphExecError(
-                    f"thread_id={thread_id!r} needs a checkpointer: "
-                    "compile(checkpointer=InMemoryCheckpointer()) or a durable one"
-                )
-        elif required or (self.checkpointer is not None and checkpoint_id is not None):
-            raise GraphExecError("pass thread_id= (or config={'configurable': {'thread_id': ...}})")
-        elif self.checkpointer is not None:
-            raise GraphExecError(
-                "this graph has a checkpointer, so every run belongs to a thread: pass thread_id="
-            )
-        return thread_id, checkpoint_id
-
-    def _store(self) -> BaseCheckpointer:
-        if self.checkpointer is None:
-            raise GraphExecError("this graph was compiled without a checkpointer")
-        return self.checkpointer
 
     # -- leases -----------------------------------------------------------------------------
 
@@ -764,147 +596,6 @@ class CompiledGraph(Generic[StateT]):
             what="stream",
         )
 
-    # -- reading state ----------------------------------------------------------------------
-
-    def _snapshot(
-        self, cp: Checkpoint, values: dict[str, Any], tup: CheckpointTuple | None = None
-    ) -> StateSnapshot:
-        interruptions: list[Interruption] = []
-        tasks: list[TaskInfo] = []
-        if tup is not None:
-            frontier = self.decode_frontier(cp)
-            records = decode_records(self, tup, frontier)
-            for t in frontier.tasks:
-                rec = records.get(t.task_id)
-                waiting = tuple(rec.unanswered()) if rec is not None else ()
-                finished = rec is not None and rec.done is not None
-                tasks.append(TaskInfo(t.task_id, t.node, finished, waiting))
-                interruptions += waiting
-            after = records.get("__after__")
-            if after is not None:
-                interruptions += after.unanswered()
-        return StateSnapshot(
-            values=values,
-            next=cp.next_nodes,
-            checkpoint_id=cp.checkpoint_id,
-            parent_id=cp.parent_id,
-            step=cp.step,
-            created_at=cp.created_at,
-            metadata=dict(cp.metadata),
-            interruptions=tuple(interruptions),
-            thread_id=cp.thread_id,
-            tasks=tuple(tasks),
-        )
-
-    async def aget_state(
-        self,
-        thread_id: str | None = None,
-        *,
-        checkpoint_id: str | None = None,
-        config: Mapping[str, Any] | None = None,
-    ) -> StateSnapshot | None:
-        """The thread's latest state (or the state at ``checkpoint_id``); ``None`` if unknown."""
-        thread, cid = self._thread(thread_id, checkpoint_id, config, required=True)
-        assert thread is not None
-        tup, values = await self.load_values(self._store(), thread, "", cid)
-        if tup is None:
-            return None
-        return self._snapshot(tup.checkpoint, values, tup)
-
-    async def load_values(
-        self,
-        store: BaseCheckpointer,
-        thread_id: str,
-        checkpoint_ns: str,
-        checkpoint_id: str | None,
-        prefetched: Prefetched | None = None,
-    ) -> tuple[CheckpointTuple | None, dict[str, Any]]:
-        """A checkpoint (the head by default) and its values, folding from cached values.
-
-        ``prefetched`` is that checkpoint already read, with the cached values its read was
-        given as ``known``. The values are the caller's own (detached from the cache). A head
-        read refreshes the cache.
-        """
-        if prefetched is not None:
-            tup, known = prefetched
-        else:
-            known = self.values_cache.get(thread_id, checkpoint_ns)
-            if known is None:
-                tup = await store.get(thread_id, checkpoint_ns, checkpoint_id)
-            else:
-                tup = await store.get_since(thread_id, checkpoint_ns, checkpoint_id, known=known[0])
-        if tup is None:
-            return None, {}
-        values = self.materialize(tup, known)
-        if tup.is_head:
-            self.values_cache.put(thread_id, checkpoint_ns, tup.checkpoint.checkpoint_id, values)
-        return tup, values
-
-    def get_state(
-        self,
-        thread_id: str | None = None,
-        *,
-        checkpoint_id: str | None = None,
-        config: Mapping[str, Any] | None = None,
-    ) -> StateSnapshot | None:
-        """Sync twin of :meth:`aget_state`."""
-        return run_sync(
-            self.aget_state(thread_id, checkpoint_id=checkpoint_id, config=config),
-            what="get_state",
-        )
-
-    async def aget_state_history(
-        self,
-        thread_id: str | None = None,
-        *,
-        limit: int | None = None,
-        before: str | None = None,
-        config: Mapping[str, Any] | None = None,
-    ) -> list[StateSnapshot]:
-        """States along the thread's current branch, newest first.
-
-        Args:
-            thread_id: The thread.
-            limit: At most this many.
-            before: Start below this checkpoint id (for paging).
-            config: LangGraph-style thread selection.
-        """
-        thread, _ = self._thread(thread_id, None, config, required=True)
-        assert thread is not None
-        if limit is not None and limit < 1:
-            raise GraphExecError(f"limit must be >= 1, got {limit}")
-        store = self._store()
-        cps = list(await store.list(thread, "", limit=limit, before=before))
-        if not cps:
-            return []
-        oldest = cps[-1]
-        tup = await store.get(thread, "", oldest.checkpoint_id)
-        if tup is None:
-            raise CheckpointError(
-                f"thread {thread!r}: checkpoint {oldest.checkpoint_id!r} vanished while reading"
-            )
-        values = self.materialize(tup)
-        out = [self._snapshot(oldest, dict(values), tup)]
-        for cp in reversed(cps[:-1]):
-            self.apply_deltas(values, cp)
-            out.append(self._snapshot(cp, dict(values)))
-        out.reverse()
-        return out
-
-    def get_state_history(
-        self,
-        thread_id: str | None = None,
-        *,
-        limit: int | None = None,
-        before: str | None = None,
-        config: Mapping[str, Any] | None = None,
-    ) -> list[StateSnapshot]:
-        """Sync twin of :meth:`aget_state_history`."""
-        return run_sync(
-            self.aget_state_history(thread_id, limit=limit, before=before, config=config),
-            what="get_state_history",
-        )
-
     # -- time travel ------------------------------------------------------------------------
 
     async def aupdate_state(
@@ -1108,28 +799,7 @@ class CompiledGraph(Generic[StateT]):
         keys leading to the same node, or a static edge beside a conditional one, are separate
         edges.
         """
-        g: nx.MultiDiGraph[str] = nx.MultiDiGraph(name=self.name)
-        g.add_node(START)
-        for name, node in self.spec.nodes.items():
-            g.add_node(name, subgraph=node.subgraph is not None)
-        g.add_node(END)
-        for source, targets in self.spec.edges.items():
-            for t in targets:
-                g.add_edge(source, t, kind="edge")
-        for sources, target in self.spec.joins:
-            for s in sources:
-                g.add_edge(s, target, kind="join")
-        for source, branches in self.spec.branches.items():
-            for br in branches:
-                mapping = br.path_map or {n: n for n in [*self.spec.nodes, END]}
-                for key, target in mapping.items():
-                    g.add_edge(source, target, kind="conditional", label=str(key))
-        for name, node in self.spec.nodes.items():
-            for d in node.destinations:
-                g.add_edge(name, d, kind="destination")
-            if node.on_reject is not None:
-                g.add_edge(name, node.on_reject, kind="conditional", label="rejected")
-        return g
+        return graph_to_networkx(self.spec, self.name)
 
     def draw_mermaid(self) -> str:
         """Mermaid flowchart text for the graph."""
