@@ -40,8 +40,8 @@ from memory._base import (
     SearchPage,
     Session,
 )
+from memory._blocks import Block
 from memory._text import (
-    Block,
     EstimatingTokenCounter,
     TokenCounter,
     estimate_tokens,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from memory._text import Block
+from memory._blocks import Block
 
 __all__ = [
     "ArchivalHit",

@@ -11,7 +11,7 @@ from typing import Any, Self
 from checkpointers._pg_db import PostgresDatabase
 from graphexec.errors import MemoryStoreError
 from memory._base import BlockStore, Fact, FactStore, FactVersion, Namespace
-from memory._blocks import check_label, check_labels, conflict, edit_replace, render_selected
+from memory._blocks import Block, check_label, check_labels, conflict, edit_replace, render_selected
 from memory._pg_common import (
     OP_GET,
     OP_PUT,
@@ -38,7 +38,6 @@ from memory._sqlite_common import (
     now_micros,
 )
 from memory._sqlite_stores import render_fact_lines
-from memory._text import Block
 
 __all__ = ["PostgresBlockStore", "PostgresFactStore"]
 
@@ -539,7 +538,7 @@ class PostgresBlockStore(PgHandle, BlockStore):
         return await self._db.transaction(f"delete of {self._name(label)}", body)
 
     async def render(self, labels: Sequence[str] | None = None) -> str:
-        """The ``<memory_blocks>`` XML (:func:`memory._text.render_blocks`) for these blocks.
+        """The ``<memory_blocks>`` XML (:func:`memory._blocks.render_blocks`) for these blocks.
 
         Args:
             labels: Which blocks, in this order (repeats are rendered once); all blocks by

@@ -13,8 +13,8 @@ from typing import Any, Self
 from checkpointers._sqlite_db import SqliteDatabase, fetch
 from graphexec.errors import MemoryStoreError
 from memory._base import BlockStore, Fact, FactStore, FactVersion, Namespace
+from memory._blocks import Block, conflict, occurrences, render_blocks
 from memory._blocks import check_label as _check_label
-from memory._blocks import conflict, occurrences
 from memory._blocks import occurrences as _occurrences  # noqa: F401 - kept for old imports
 from memory._sqlite_common import (
     MAX_INT,
@@ -36,7 +36,6 @@ from memory._sqlite_common import (
     open_database,
     ranked_search,
 )
-from memory._text import Block, render_blocks
 
 __all__ = ["SqliteBlockStore", "SqliteFactStore", "render_fact_lines"]
 
@@ -605,7 +604,7 @@ class SqliteBlockStore(SqliteHandle, BlockStore):
         return await self._db.write("block delete", body)
 
     async def render(self, labels: Sequence[str] | None = None) -> str:
-        """The ``<memory_blocks>`` XML (:func:`memory._text.render_blocks`) for these blocks.
+        """The ``<memory_blocks>`` XML (:func:`memory._blocks.render_blocks`) for these blocks.
 
         Args:
             labels: Which blocks, in this order (repeats are rendered once); all blocks by

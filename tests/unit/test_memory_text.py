@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphexec.errors import MemoryStoreError
+from memory._blocks import Block, render_blocks, xml_escape
 from memory._text import (
-    Block,
     EstimatingTokenCounter,
     TokenCounter,
     bm25_scores,
@@ -22,11 +22,9 @@ from memory._text import (
     estimate_tokens,
     extractive_summary,
     item_text,
-    render_blocks,
     rrf,
     stem,
     words,
-    xml_escape,
 )
 
 # --------------------------------------------------------------------------------------------
