@@ -25,13 +25,18 @@ from graphexec._checkpoint import (
     new_checkpoint_id,
 )
 from graphexec._hitl import Answer, interrupt_id
-from graphexec._serde import Serializer
+from graphexec._records import (
+    decode_records,
+    encode_answers,
+    encode_interrupts,
+    encode_route,
+    public_interrupt,
+)
 from graphexec._state import _MISSING
-from graphexec._taskrun import TaskRunner, decode_answers
+from graphexec._taskrun import TaskRunner
 from graphexec._tasks import (
     AFTER,
     ATTEMPT,
-    EFFECT,
     INTERRUPT,
     RESUME,
     ROUTE,
@@ -198,14 +203,7 @@ class Run(TaskRunner):
             rec.answer_info[iid] = info[iid]
             touched[task_id] = rec
         for task_id, rec in touched.items():
-            await self._persist_now(task_id, [(RESUME, self._encode_answers(rec))])
-
-    def _encode_answers(self, rec: TaskRecord) -> bytes:
-        data = {
-            iid: {**a.to_data(), "node": rec.answer_info[iid][0], "kind": rec.answer_info[iid][1]}
-            for iid, a in rec.answers.items()
-        }
-        return self.serde.dumps(data, channel=RESUME)
+            await self._persist_now(task_id, [(RESUME, encode_answers(self.serde, rec))])
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -295,7 +293,7 @@ class Run(TaskRunner):
                 for k, o in enumerate(new):
                     rec = self._record(o.task.task_id)
                     rec.interrupts = list(o.interrupts)
-                    blob = self.serde.dumps(_intr_data(o.interrupts), channel=INTERRUPT)
+                    blob = encode_interrupts(self.serde, o.interrupts)
                     if k == len(new) - 1 and self._owns_lease:
                         await self._persist_final(o.task.task_id, [(INTERRUPT, blob)])
                     else:
@@ -325,7 +323,7 @@ class Run(TaskRunner):
     async def _pause(self, interruptions: list[Interruption]) -> None:
         await self.committer.flush()
         self.interruptions = list(interruptions)
-        payload = [_intr_public(i) for i in interruptions]
+        payload = [public_interrupt(i) for i in interruptions]
         self.emitter.emit("updates", {"__interrupt__": tuple(interruptions)})
         self.emitter.emit("events", {"event": "interrupt", "ns": self.ns, "interruptions": payload})
 
@@ -348,9 +346,7 @@ class Run(TaskRunner):
         for t, intr in new:
             rec = self._record(t.task_id)
             rec.interrupts = [intr]
-            await self._persist_now(
-                t.task_id, [(INTERRUPT, self.serde.dumps(_intr_data([intr]), channel=INTERRUPT))]
-            )
+            await self._persist_now(t.task_id, [(INTERRUPT, encode_interrupts(self.serde, [intr]))])
         await self._pause([intr for _, intr in new])
         return True
 
@@ -370,9 +366,7 @@ class Run(TaskRunner):
             for n in nodes
         ]
         self.records[AFTER] = TaskRecord(interrupts=intrs)
-        await self._persist_now(
-            AFTER, [(INTERRUPT, self.serde.dumps(_intr_data(intrs), channel=INTERRUPT))]
-        )
+        await self._persist_now(AFTER, [(INTERRUPT, encode_interrupts(self.serde, intrs))])
         await self._pause(intrs)
         return True
 
@@ -447,7 +441,7 @@ class Run(TaskRunner):
         pairs = [[ch, blob] for ch, _, blob in outcome.writes]
         writes = [
             (UPDATES, self.serde.dumps(pairs, channel=UPDATES)),
-            (ROUTE, self._encode_route(outcome)),
+            (ROUTE, encode_route(self.serde, outcome)),
         ]
         cp, thread_id, ns, cid, lease = self.cp, self.thread_id, self.ns, self.head, self.lease
         assert thread_id is not None and cid is not None
@@ -854,11 +848,6 @@ class Run(TaskRunner):
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _encode_route(self, outcome: Outcome) -> bytes:
-        routes = [["n", r] if isinstance(r, str) else ["s", r.node, r.arg] for r in outcome.routes]
-        data = {"r": routes, "e": outcome.follow_edges, "x": outcome.rejected}
-        return self.serde.dumps(data, channel=ROUTE)
-
     def _recursion_error(self, steps: int, executed: list[list[str]]) -> RecursionLimitError:
         recent = {n for nodes in executed[-max(2 * len(self.spec.nodes), 2) :] for n in nodes}
         cycle: list[str]
@@ -880,57 +869,6 @@ class Run(TaskRunner):
             steps=steps,
             cycle=cycle,
         )
-
-
-def decode_records(
-    serde: Serializer, tup: CheckpointTuple, frontier: Frontier
-) -> dict[str, TaskRecord]:
-    """Group a checkpoint's pending writes into per-task records."""
-    by_task: dict[str, dict[str, bytes]] = {}
-    for w in tup.pending_writes:
-        by_task.setdefault(w.task_id, {})[w.channel] = w.data
-    tasks = {t.task_id: t for t in frontier.tasks}
-    records: dict[str, TaskRecord] = {}
-    for task_id, chans in by_task.items():
-        task = tasks.get(task_id)
-        if task is None and task_id != AFTER:
-            continue  # writes of a task the frontier no longer has (graph changed)
-        rec = TaskRecord()
-        if task is not None and ROUTE in chans:
-            pairs = serde.loads(chans.get(UPDATES, serde.dumps([])), channel=UPDATES)
-            writes = [(ch, serde.loads(blob, channel=ch), blob) for ch, blob in pairs]
-            route = serde.loads(chans[ROUTE], channel=ROUTE)
-            routes: list[str | Send] = [
-                r[1] if r[0] == "n" else Send(r[1], r[2]) for r in route["r"]
-            ]
-            rec.done = Outcome(
-                task, writes, routes, saved=True, follow_edges=route["e"], rejected=route["x"]
-            )
-        if INTERRUPT in chans:
-            rec.interrupts = [
-                Interruption(d["id"], d["node"], d["kind"], d["value"], d["created_at"])
-                for d in serde.loads(chans[INTERRUPT], channel=INTERRUPT)
-            ]
-        if RESUME in chans:
-            rec.answers, rec.answer_info = decode_answers(serde, chans[RESUME])
-        if ATTEMPT in chans:
-            rec.attempts = int(serde.loads(chans[ATTEMPT], channel=ATTEMPT))
-        for ch, blob in chans.items():
-            if ch.startswith(EFFECT):
-                rec.effects[ch[len(EFFECT) :]] = blob
-        records[task_id] = rec
-    return records
-
-
-def _intr_data(interruptions: Sequence[Interruption]) -> list[dict[str, Any]]:
-    return [
-        {"id": i.id, "node": i.node, "kind": i.kind, "value": i.value, "created_at": i.created_at}
-        for i in interruptions
-    ]
-
-
-def _intr_public(i: Interruption) -> dict[str, Any]:
-    return {"id": i.id, "node": i.node, "kind": i.kind, "value": i.value}
 
 
 def _keys(writes: Sequence[tuple[str, Any, Any]]) -> list[str]:

@@ -19,7 +19,7 @@ from graphexec._checkpoint import (
     ValuesCache,
     detach,
 )
-from graphexec._executor import decode_records
+from graphexec._records import decode_records
 from graphexec._serde import Serializer
 from graphexec._state import _MISSING, RemoveMessage
 from graphexec._sync import run_sync

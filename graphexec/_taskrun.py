@@ -11,7 +11,7 @@ import hashlib
 import inspect
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -453,15 +453,3 @@ class TaskRunner(ABC):
                 values[ch] = value
             else:
                 values[ch] = spec.reduce(node, values.get(ch, _MISSING), value)
-
-
-def decode_answers(
-    serde: Serializer, blob: bytes
-) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
-    """Decode a ``__resume__`` write into answers and their (node, kind)."""
-    from graphexec._hitl import Answer
-
-    data: Mapping[str, Any] = serde.loads(blob, channel="__resume__")
-    answers = {iid: Answer.from_data(a) for iid, a in data.items()}
-    info = {iid: (a["node"], a["kind"]) for iid, a in data.items()}
-    return answers, info
