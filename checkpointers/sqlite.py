@@ -41,6 +41,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from checkpointers import _sql as sql
+from checkpointers import _sqlite_sql as lite
 from checkpointers._crypto import Encryption
 from checkpointers._reads import SqlReads
 from checkpointers._sqlite_db import SqliteDatabase, fetch
@@ -115,6 +116,10 @@ def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> 
     return lease
 
 
+def _key(checkpoint_id: str | None) -> Any:
+    return None if checkpoint_id is None else sql.id_key(checkpoint_id)
+
+
 def _insert_channels(db: sqlite3.Connection, seq: int, rows: Sequence[sql.ChannelRow]) -> None:
     if rows:
         db.executemany(
@@ -168,6 +173,11 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
     buys cheaper reads with more storage.
     """
 
+    _get_sql = lite.GET_CHECKPOINT
+    _list_sql = lite.LIST_CHECKPOINTS
+    _tips_sql = lite.LIST_TIPS
+    _key = staticmethod(_key)
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -189,9 +199,10 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             version_table=sql.VERSION_TABLE,
             synchronous=synchronous,
             busy_timeout=busy_timeout,
+            functions=lite.FUNCTIONS,
         )
         self._default_ttl = default_ttl
-        self._codec = sql.RowCodec(encryption)
+        self._codec = sql.RowCodec(encryption, compact_metadata=True)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -302,11 +313,13 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                 "must carry a snapshot"
             )
         params, rows = self._codec.encode(cp)
+        params.update(checkpoint_id=_key(cp.checkpoint_id), parent_id=_key(cp.parent_id))
         default_ttl = self._default_ttl
 
         def body(db: sqlite3.Connection) -> None:
             [check] = fetch(db, sql.PUT_CHECK, params)
             head, owner, epoch, expires, dup, parent_seq, parent_writes, thread, ttl = check
+            head = sql.id_text(head)
             now = time.time()
             _check_lease(cp.thread_id, lease, (owner, epoch, expires), now)
             if head != expected_head:
@@ -325,7 +338,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                 raise CheckpointError(
                     f"thread {cp.thread_id!r}: parent checkpoint {cp.parent_id!r} does not exist"
                 )
-            [(seq,)] = fetch(db, sql.INSERT_CHECKPOINT, params)
+            [(seq,)] = fetch(db, lite.INSERT_CHECKPOINT, {**params, "parent_seq": parent_seq})
             _insert_channels(db, seq, rows)
             fetch(db, sql.MOVE_HEAD, {**params, "cp_seq": seq})
             if parent_writes:
@@ -384,7 +397,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         key = {
             "thread_id": thread_id,
             "checkpoint_ns": checkpoint_ns,
-            "checkpoint_id": checkpoint_id,
+            "checkpoint_id": _key(checkpoint_id),
         }
 
         def body(db: sqlite3.Connection) -> None:
@@ -451,9 +464,12 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         def body(db: sqlite3.Connection) -> int:
             if rebase is not None:
                 target = fetch(
-                    db, sql.REBASE_TARGET, {"thread_id": thread_id, "checkpoint_id": rebase[0]}
+                    db,
+                    lite.REBASE_TARGET,
+                    {"thread_id": thread_id, "checkpoint_id": _key(rebase[0])},
                 )
-                for seq, metadata, *structure in target:
+                for seq, metadata, parent, *structure in target:
+                    structure.insert(0, sql.id_text(parent))
                     if structure[-1]:  # has_snapshot: nothing to do
                         continue
                     manifest = fetch(db, sql.CHANNEL_MANIFEST, {"cp_seq": seq})
@@ -471,8 +487,11 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                         sql.REBASE,
                         {"cp_seq": seq, "snapshot_bytes": rebase_bytes, "metadata": resealed},
                     )
-            doomed = fetch(db, sql.PRUNE_DOOMED, {"thread_id": thread_id, "keep_last": keep_last})
-            seqs = [{"cp_seq": seq} for (seq,) in doomed]
+            plan = fetch(db, lite.PRUNE_PLAN, {"thread_id": thread_id, "keep_last": keep_last})
+            orphans = [{"cp_seq": seq} for seq, orphan in plan if orphan]
+            if orphans:
+                db.executemany(lite.DETACH_PARENT, orphans)
+            seqs = [{"cp_seq": seq} for seq, orphan in plan if not orphan]
             if seqs:
                 for statement in (
                     sql.DELETE_CHANNELS_OF,
@@ -555,13 +574,13 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         params = {
             "thread_id": thread_id,
             "checkpoint_ns": "",
-            "checkpoint_id": checkpoint_id,
-            "known": known,
+            "checkpoint_id": _key(checkpoint_id),
+            "known": _key(known),
         }
 
         def body(db: sqlite3.Connection) -> tuple[Lease, CheckpointTuple | None]:
             lease = _acquire(db, thread_id, owner, ttl)
-            rows = fetch(db, sql.GET_CHECKPOINT, params)
+            rows = fetch(db, lite.GET_CHECKPOINT, params)
             return lease, codec.checkpoint_tuple(thread_id, "", rows, known)
 
         return await self._db.write("acquire_lease", body)

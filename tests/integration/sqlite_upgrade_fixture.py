@@ -17,8 +17,10 @@ ids that are not canonical UUIDs, user metadata, and an encrypted file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import operator
+import sqlite3
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,7 +83,8 @@ async def dump(cp: SqliteCheckpointer) -> dict[str, str]:
             if len(history) > 3:
                 # a reader that already holds an older checkpoint's values
                 known = history[3].checkpoint_id
-                out[f"{thread}|{ns}|since"] = repr(await cp.get_since(thread, ns, None, known=known))
+                since = await cp.get_since(thread, ns, None, known=known)
+                out[f"{thread}|{ns}|since"] = repr(since)
     return out
 
 
@@ -166,12 +169,9 @@ async def main() -> None:
         reads["encrypted"] = await dump(cp)
     READS.write_text(json.dumps(reads, indent=1, ensure_ascii=False) + "\n")
     for path in (PLAIN, ENCRYPTED):
-        import sqlite3
-
-        with sqlite3.connect(path) as conn:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             conn.execute("PRAGMA journal_mode=DELETE")
-        conn.close()
     print(f"wrote {PLAIN}, {ENCRYPTED} and {READS}", file=sys.stderr)
 
 
