@@ -76,6 +76,8 @@ __all__ = [
     "lease_row",
     "migrations",
     "to_micros",
+    "version_key",
+    "version_text",
 ]
 
 
@@ -494,6 +496,29 @@ MIGRATIONS: tuple[str | OnlyOn, ...] = (
             parent_id = CASE WHEN parent_seq IS NULL THEN graphexec_id_key(parent_id) END""",
     ),
     OnlyOn("sqlite", "UPDATE graphexec_heads SET head_id = graphexec_id_key(head_id)"),
+    # 20-23: SQLite keys channel rows by row_key = cp_seq * 2**20 + position, so a checkpoint's
+    # rows are one range of the table's own b-tree; graphexec_channels_by_checkpoint goes with
+    # the old table. Old rows keep the order that index gave them (role, channel).
+    OnlyOn(
+        "sqlite",
+        """CREATE TABLE graphexec_channel_rows (
+            row_key INTEGER PRIMARY KEY,
+            cp_seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            op TEXT NOT NULL,
+            data BLOB
+        )""",
+    ),
+    OnlyOn(
+        "sqlite",
+        """INSERT INTO graphexec_channel_rows (row_key, cp_seq, role, channel, op, data)
+        SELECT cp_seq * 1048576 + row_number() OVER (PARTITION BY cp_seq ORDER BY role, channel)
+            - 1, cp_seq, role, channel, op, data
+        FROM graphexec_channels""",
+    ),
+    OnlyOn("sqlite", "DROP TABLE graphexec_channels"),
+    OnlyOn("sqlite", "ALTER TABLE graphexec_channel_rows RENAME TO graphexec_channels"),
 )
 """Schema migrations in order; a database at version ``v`` has applied ``MIGRATIONS[:v + 1]``.
 
@@ -777,6 +802,7 @@ def from_micros(value: int) -> datetime:
 
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _HEX32 = re.compile(r"[0-9a-f]{32}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
 
 
 def id_key(checkpoint_id: str) -> str | bytes:
@@ -790,6 +816,20 @@ def id_key(checkpoint_id: str) -> str | bytes:
     if len(checkpoint_id) == 36 and _CANONICAL_UUID.fullmatch(checkpoint_id):
         return bytes.fromhex(checkpoint_id.replace("-", ""))
     return checkpoint_id
+
+
+def version_key(graph_version: str) -> str | bytes:
+    """How SQLite stores a graph version: the engine's 16 hex digits as 8 bytes, else as is."""
+    if len(graph_version) == 16 and _HEX16.fullmatch(graph_version):
+        return bytes.fromhex(graph_version)
+    return graph_version
+
+
+def version_text(stored: Any) -> Any:
+    """Inverse of :func:`version_key`; text passes."""
+    if type(stored) is bytes and len(stored) == 8:
+        return stored.hex()
+    return stored
 
 
 def id_text(stored: Any) -> Any:
@@ -1129,7 +1169,7 @@ class RowCodec:
         # Hot path (a read decodes up to max_depth of these): messages are only built on error.
         (_, _, _, cid, parent_id, source, version, next_nodes, frontier, metadata) = row[:10]
         step, created_at, depth, delta_bytes, snapshot_bytes, has_snapshot = row[10:16]
-        cid, parent_id = id_text(cid), id_text(parent_id)
+        cid, parent_id, version = id_text(cid), id_text(parent_id), version_text(version)
         key = (thread_id, ns, cid)
 
         def where() -> str:

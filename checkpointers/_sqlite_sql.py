@@ -26,20 +26,31 @@ from typing import Any
 from checkpointers import _sql as sql
 
 __all__ = [
+    "CHANNEL_MANIFEST",
+    "DELETE_CHANNELS_OF",
+    "DELETE_THREAD",
     "DETACH_PARENT",
     "FUNCTIONS",
     "GET_CHECKPOINT",
+    "INSERT_CHANNEL",
     "INSERT_CHECKPOINT",
     "LIST_CHECKPOINTS",
     "LIST_TIPS",
     "PRUNE_PLAN",
     "REBASE_TARGET",
+    "SLOTS",
 ]
 
 
 def _id_key(value: Any) -> Any:
     return sql.id_key(value) if isinstance(value, str) else value
 
+
+SLOTS = 1 << 20
+"""Channel rows a checkpoint can have: ``row_key`` is ``cp_seq * SLOTS + position``."""
+
+_ROWS_OF = "BETWEEN {seq} * 1048576 AND {seq} * 1048576 + 1048575"
+"""A checkpoint's ``row_key`` range (1048576 is :data:`SLOTS`)."""
 
 FUNCTIONS: Mapping[str, Callable[[Any], Any]] = {"graphexec_id_key": _id_key}
 """SQL functions the migrations use (registered on every connection of the checkpointer)."""
@@ -74,9 +85,8 @@ def _checkpoint_rows(cte: str, source: str, *, with_writes: bool) -> str:
     FROM {source} AS s JOIN graphexec_checkpoints AS c ON c.cp_seq = s.seq
     UNION ALL
     SELECT 'b', s.seq, 0, b.role, b.channel, b.op, NULL, NULL, b.data, {_NULL_CP_COLUMNS}
-    FROM {source} AS s JOIN graphexec_channels AS b ON b.cp_seq = s.seq{
-        writes if with_writes else ""
-    }"""
+    FROM {source} AS s JOIN graphexec_channels AS b
+      ON b.row_key {_ROWS_OF.format(seq="s.seq")}{writes if with_writes else ""}"""
 
 
 GET_CHECKPOINT = _checkpoint_rows(
@@ -170,3 +180,22 @@ REBASE_TARGET = f"""SELECT c.cp_seq, c.metadata, {_PARENT}, c.step, c.source, c.
     FROM graphexec_checkpoints AS c
     WHERE c.thread_id = :thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = :checkpoint_id"""
 """``_sql.REBASE_TARGET`` (the parent column holds a stored id: map it with ``id_text``)."""
+
+INSERT_CHANNEL = """INSERT INTO graphexec_channels (row_key, cp_seq, role, channel, op, data)
+    VALUES (:row_key, :cp_seq, :role, :channel, :op, :data)"""
+
+CHANNEL_MANIFEST = f"""SELECT role, channel, op FROM graphexec_channels
+    WHERE row_key {_ROWS_OF.format(seq=":cp_seq")}"""
+"""``_sql.CHANNEL_MANIFEST``, in row order (so its length is the next free position)."""
+
+DELETE_CHANNELS_OF = f"""DELETE FROM graphexec_channels
+    WHERE row_key {_ROWS_OF.format(seq=":cp_seq")}"""
+
+DELETE_THREAD: tuple[str, ...] = (
+    f"""DELETE FROM graphexec_channels WHERE row_key IN (
+        SELECT b.row_key FROM graphexec_checkpoints AS c
+        JOIN graphexec_channels AS b ON b.row_key {_ROWS_OF.format(seq="c.cp_seq")}
+        WHERE c.thread_id = :thread_id)""",
+    *sql.DELETE_THREAD[1:],
+)
+"""``_sql.DELETE_THREAD`` with the channel rows found by range."""

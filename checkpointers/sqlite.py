@@ -120,13 +120,27 @@ def _key(checkpoint_id: str | None) -> Any:
     return None if checkpoint_id is None else sql.id_key(checkpoint_id)
 
 
-def _insert_channels(db: sqlite3.Connection, seq: int, rows: Sequence[sql.ChannelRow]) -> None:
+def _insert_channels(
+    db: sqlite3.Connection, seq: int, rows: Sequence[sql.ChannelRow], start: int = 0
+) -> None:
+    if start + len(rows) > lite.SLOTS:
+        raise CheckpointError(
+            f"a checkpoint can store at most {lite.SLOTS} channel rows, got {start + len(rows)}"
+        )
     if rows:
+        key = seq * lite.SLOTS + start
         db.executemany(
-            sql.INSERT_CHANNEL,
+            lite.INSERT_CHANNEL,
             [
-                {"cp_seq": seq, "role": role, "channel": ch, "op": op, "data": data}
-                for role, ch, op, data in rows
+                {
+                    "row_key": key + i,
+                    "cp_seq": seq,
+                    "role": role,
+                    "channel": ch,
+                    "op": op,
+                    "data": data,
+                }
+                for i, (role, ch, op, data) in enumerate(rows)
             ],
         )
 
@@ -162,15 +176,24 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             applied to threads created from now on; :meth:`set_ttl` sets it per thread.
     """
 
-    snapshot_policy: SnapshotPolicy = SnapshotPolicy(max_depth=400, ratio=2.0, min_bytes=16384)
-    """Snapshot when the deltas since the last one reach twice its size, or after 400 deltas.
+    snapshot_policy: SnapshotPolicy = SnapshotPolicy(max_depth=1000, ratio=3.0, min_bytes=65536)
+    """Snapshot when the deltas since the last one reach three times its size, or after 1000.
 
-    Measured on a chat thread (``tests/integration/sqlite_measure.py``): the core default
-    (depth 200, ratio 1) stores 3.3-5.3x the raw content between 50 and 600 turns, because at
-    depth 200 a long thread re-snapshots its whole, growing state every 100 turns; this policy
-    stores 2.5-3.6x with about as many deltas to fold per read (at most 400; 141 at turn 500
-    against 128). Reads grow with the deltas folded since the snapshot, so a smaller depth
-    buys cheaper reads with more storage.
+    Storage against read cost, measured (``benchmarks``; ``tests/integration/sqlite_measure.py``
+    for chat threads). A snapshot of an append-only channel stores the whole list again, so
+    snapshots dominate the file of a long thread: with the byte rule at ratio ``r`` their sizes
+    grow by ``1 + r`` each time, and a depth rule that fires before the byte rule adds one
+    full copy per ``max_depth`` steps. The previous policy (depth 400, ratio 2, 16 KiB) stored
+    the 1,000-step ``loop`` benchmark at 3.48x its raw content (compact rows; 4.24x before
+    them) with snapshots at steps 0, 81, 243 and 643; this one stores it at 2.83x (steps 0
+    and 323), ``chat`` at 2.53x (2.27x) and ``chat-long`` at 1.95x (3.25x).
+
+    The price is the cold read: a read folds every delta since the last snapshot -- at most
+    ``max_depth`` of them -- unless the graph's cache already holds an older checkpoint's
+    values (then it folds only the newer ones). At step 1000 of ``loop`` a cold
+    ``aget_state`` folds 677 deltas in COLD_NEW ms against 357 deltas in COLD_OLD ms before; the
+    worst case, 1000 deltas, is about COLD_MAX ms. A smaller depth buys cheaper cold reads with
+    more storage.
     """
 
     _get_sql = lite.GET_CHECKPOINT
@@ -313,7 +336,11 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                 "must carry a snapshot"
             )
         params, rows = self._codec.encode(cp)
-        params.update(checkpoint_id=_key(cp.checkpoint_id), parent_id=_key(cp.parent_id))
+        params.update(
+            checkpoint_id=_key(cp.checkpoint_id),
+            parent_id=_key(cp.parent_id),
+            graph_version=sql.version_key(cp.graph_version),
+        )
         default_ttl = self._default_ttl
 
         def body(db: sqlite3.Connection) -> None:
@@ -439,7 +466,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         """
 
         def body(db: sqlite3.Connection) -> None:
-            for statement in sql.DELETE_THREAD:
+            for statement in lite.DELETE_THREAD:
                 fetch(db, statement, {"thread_id": thread_id})
 
         await self._db.write("delete_thread", body)
@@ -470,9 +497,10 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                 )
                 for seq, metadata, parent, *structure in target:
                     structure.insert(0, sql.id_text(parent))
+                    structure[3] = sql.version_text(structure[3])  # STRUCTURE's order
                     if structure[-1]:  # has_snapshot: nothing to do
                         continue
-                    manifest = fetch(db, sql.CHANNEL_MANIFEST, {"cp_seq": seq})
+                    manifest = fetch(db, lite.CHANNEL_MANIFEST, {"cp_seq": seq})
                     resealed = codec.rebased_metadata(
                         (thread_id, "", rebase[0]),
                         metadata,
@@ -481,7 +509,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                         rebase_rows,
                         rebase_bytes,
                     )
-                    _insert_channels(db, seq, rebase_rows)
+                    _insert_channels(db, seq, rebase_rows, start=len(manifest))
                     fetch(
                         db,
                         sql.REBASE,
@@ -494,7 +522,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             seqs = [{"cp_seq": seq} for seq, orphan in plan if not orphan]
             if seqs:
                 for statement in (
-                    sql.DELETE_CHANNELS_OF,
+                    lite.DELETE_CHANNELS_OF,
                     sql.DELETE_WRITES_OF,
                     sql.DELETE_CHECKPOINT,
                 ):
@@ -537,7 +565,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                 )
                 params = [{"thread_id": thread_id} for (thread_id,) in expired]
                 if params:
-                    for statement in sql.DELETE_THREAD:
+                    for statement in lite.DELETE_THREAD:
                         db.executemany(statement, params)
                 return len(params)
 

@@ -145,8 +145,10 @@ def test_every_query_path_uses_an_index() -> None:
         "expire": sql.EXPIRED_THREADS,
         "last commit": sql.LAST_COMMIT,
         "rebase": lite.REBASE_TARGET,
+        "manifest": lite.CHANNEL_MANIFEST,
+        "delete channels": lite.DELETE_CHANNELS_OF,
         "threads": sql.LIST_THREADS,
-        **{f"delete {i}": q for i, q in enumerate(sql.DELETE_THREAD)},
+        **{f"delete {i}": q for i, q in enumerate(lite.DELETE_THREAD)},
     }
     with contextlib.closing(sqlite3.connect(":memory:")) as conn:
         for name, fn in lite.FUNCTIONS.items():
