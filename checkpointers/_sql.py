@@ -13,9 +13,10 @@ Schema (every name is prefixed ``graphexec_`` so the tables can share a file wit
     checkpoint_id)``. ``frontier`` and ``metadata`` are blobs (encrypted when encryption is on);
     ``next_nodes`` is a JSON array kept readable for listings; ``created_at`` is microseconds
     since the Unix epoch (UTC). SQLite stores these rows more compactly (schema version 19
-    on: canonical UUID ids as 16 bytes, the parent as ``parent_seq``; see
-    :mod:`checkpointers._sqlite_sql`), and with it the metadata the engine records without
-    the ``source`` and ``step`` the row already has (:meth:`RowCodec.pack_metadata`).
+    on: canonical UUID ids as 16 bytes, the parent as ``parent_seq``, the engine's graph
+    version as 8 bytes; see :mod:`checkpointers._sqlite_sql`), and with it the metadata the
+    engine records without the ``source`` and ``step`` the row already has
+    (:meth:`RowCodec.pack_metadata`).
 ``graphexec_channels``
     What a checkpoint stores per channel: one row per channel for its deltas (``role='d'``,
     ``op`` ``set`` -- the value -- or ``fold`` -- the msgpack list of updates) and, when the
@@ -24,6 +25,9 @@ Schema (every name is prefixed ``graphexec_`` so the tables can share a file wit
     checkpoint, which is then stored once). With encryption on, every blob is bound to its
     row -- thread, namespace, checkpoint, role, channel and op -- and the metadata blob also
     to the row's structural columns and its list of channel rows (see :meth:`RowCodec.encode`).
+    SQLite (schema version 23 on) keys these rows by ``row_key = cp_seq * 2**20 + position``
+    instead of indexing ``(cp_seq, role, channel)``: a checkpoint's rows are one range of the
+    table itself, in the order they were written.
 ``graphexec_heads``
     The head of each ``(thread_id, checkpoint_ns)``; the compare-and-set target of ``put``.
 ``graphexec_writes``

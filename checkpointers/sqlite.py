@@ -179,21 +179,23 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
     snapshot_policy: SnapshotPolicy = SnapshotPolicy(max_depth=1000, ratio=3.0, min_bytes=65536)
     """Snapshot when the deltas since the last one reach three times its size, or after 1000.
 
-    Storage against read cost, measured (``benchmarks``; ``tests/integration/sqlite_measure.py``
-    for chat threads). A snapshot of an append-only channel stores the whole list again, so
-    snapshots dominate the file of a long thread: with the byte rule at ratio ``r`` their sizes
-    grow by ``1 + r`` each time, and a depth rule that fires before the byte rule adds one
-    full copy per ``max_depth`` steps. The previous policy (depth 400, ratio 2, 16 KiB) stored
-    the 1,000-step ``loop`` benchmark at 3.48x its raw content (compact rows; 4.24x before
-    them) with snapshots at steps 0, 81, 243 and 643; this one stores it at 2.83x (steps 0
-    and 323), ``chat`` at 2.53x (2.27x) and ``chat-long`` at 1.95x (3.25x).
+    Storage against read cost, measured with ``python -m benchmarks`` (SQLite, durability
+    sync; bytes after ``wal_checkpoint(TRUNCATE)`` over raw content). A snapshot of an
+    append-only channel stores the whole list again, so snapshots dominate the file of a long
+    thread: with the byte rule at ratio ``r`` their sizes grow by ``1 + r`` each time, and a
+    depth rule that fires before the byte rule adds one full copy per ``max_depth`` steps. The
+    previous policy (depth 400, ratio 2, 16 KiB) stored the 1,000-step ``loop`` benchmark at
+    3.48x its raw content (with compact rows; 4.24x before them), with snapshots at steps 0,
+    81, 243 and 643; this one stores it at 2.83x (snapshots at 0 and 323), ``chat`` at 2.53x
+    (2.27x) and ``chat-long`` at 1.95x (3.25x).
 
     The price is the cold read: a read folds every delta since the last snapshot -- at most
     ``max_depth`` of them -- unless the graph's cache already holds an older checkpoint's
-    values (then it folds only the newer ones). At step 1000 of ``loop`` a cold
-    ``aget_state`` folds 677 deltas in COLD_NEW ms against 357 deltas in COLD_OLD ms before; the
-    worst case, 1000 deltas, is about COLD_MAX ms. A smaller depth buys cheaper cold reads with
-    more storage.
+    values (then it folds only the newer ones). At step 1000 of ``loop``, ``aget_state`` in a
+    new process folds 677 deltas in about 12 ms, against 357 deltas in about 6 ms before (the
+    cost per delta is unchanged); the worst case, 1000 deltas, is about 20 ms. A smaller depth
+    buys cheaper cold reads with more storage: for append-only state any depth below the
+    byte rule's spacing adds a full copy of the state every ``max_depth`` steps.
     """
 
     _get_sql = lite.GET_CHECKPOINT
