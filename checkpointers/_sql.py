@@ -502,7 +502,9 @@ MIGRATIONS: tuple[str | OnlyOn, ...] = (
     OnlyOn("sqlite", "UPDATE graphexec_heads SET head_id = graphexec_id_key(head_id)"),
     # 20-23: SQLite keys channel rows by row_key = cp_seq * 2**20 + position, so a checkpoint's
     # rows are one range of the table's own b-tree; graphexec_channels_by_checkpoint goes with
-    # the old table. Old rows keep the order that index gave them (role, channel).
+    # the old table. Old rows keep the order that index gave them (role, channel). The CHECK
+    # also makes a process still running an older graphexec fail its commits loudly (its
+    # inserts leave row_key to SQLite) instead of filing rows under another checkpoint.
     OnlyOn(
         "sqlite",
         """CREATE TABLE graphexec_channel_rows (
@@ -511,7 +513,8 @@ MIGRATIONS: tuple[str | OnlyOn, ...] = (
             role TEXT NOT NULL,
             channel TEXT NOT NULL,
             op TEXT NOT NULL,
-            data BLOB
+            data BLOB,
+            CHECK (row_key >> 20 = cp_seq)
         )""",
     ),
     OnlyOn(

@@ -139,3 +139,14 @@ async def test_an_upgraded_file_keeps_working(tmp_path: Path) -> None:
         got = await cp.get("custom")
         assert got is not None and got.checkpoint.parent_id == "z" * 40
         assert got.checkpoint.checkpoint_id == nxt.checkpoint_id
+
+
+async def test_a_process_still_on_the_old_schema_cannot_commit(tmp_path: Path) -> None:
+    db = copy(PLAIN, tmp_path)
+    async with SqliteCheckpointer.open(db):
+        pass
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        [(seq,)] = conn.execute("SELECT max(cp_seq) FROM graphexec_checkpoints").fetchall()
+        row = {"cp_seq": seq + 1, "role": "d", "channel": "msgs", "op": "set", "data": b"\x90"}
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
+            conn.execute(sql.INSERT_CHANNEL, row)  # the statement schema 15 wrote with
