@@ -23,6 +23,12 @@ coroutines can never interleave statements inside one another's transactions (an
 caller cannot leave one half done); reads are single statements on the reader connection and
 never queue behind writes.
 
+Upgrades: the first open by a newer graphexec migrates the file in one transaction (other
+processes opening it meanwhile wait for it); a graphexec older than the file's schema refuses
+to open it. Processes of an older version that already have the file open are not stopped, and
+their statements do not fit the new schema: stop them before the upgrade. (Schema 23 makes
+their commits fail on a constraint, but their reads and prunes would misread the new rows.)
+
 Retention: :meth:`~SqliteCheckpointer.prune`, :meth:`~SqliteCheckpointer.delete_thread` and
 :meth:`~SqliteCheckpointer.expire` delete rows; SQLite then reuses the freed pages for new data,
 but the file does not shrink. To give space back to the OS run ``VACUUM`` on the file while no
