@@ -199,7 +199,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
     ``max_depth`` of them -- unless the graph's cache already holds an older checkpoint's
     values (then it folds only the newer ones). At step 1000 of ``loop``, ``aget_state`` in a
     new process folds 677 deltas in about 12 ms, against 357 deltas in about 6 ms before (the
-    cost per delta is unchanged); the worst case, 1000 deltas, is about 20 ms. A smaller depth
+    cost per delta is unchanged); the worst case, 1000 deltas, is about 18 ms. A smaller depth
     buys cheaper cold reads with more storage: for append-only state any depth below the
     byte rule's spacing adds a full copy of the state every ``max_depth`` steps.
     """
