@@ -20,9 +20,21 @@ _NO_LIMIT = 2**62
 
 
 class SqlReads:
-    """``get``, ``get_since``, ``list``, ``list_tips`` and ``list_threads`` over :meth:`_read`."""
+    """``get``, ``get_since``, ``list``, ``list_tips`` and ``list_threads`` over :meth:`_read`.
+
+    A backend whose rows differ (SQLite's compact ids and parents) overrides the statements and
+    :meth:`_key`, keeping the row layout of :mod:`checkpointers._sql`.
+    """
 
     _codec: sql.RowCodec
+    _get_sql: str = sql.GET_CHECKPOINT
+    _list_sql: str = sql.LIST_CHECKPOINTS
+    _tips_sql: str = sql.LIST_TIPS
+
+    @staticmethod
+    def _key(checkpoint_id: str | None) -> Any:
+        """A checkpoint id as the backend's statements expect it (here: unchanged)."""
+        return checkpoint_id
 
     @abstractmethod
     async def _read(
@@ -47,12 +59,12 @@ class SqlReads:
     ) -> CheckpointTuple | None:
         rows = await self._read(
             "get",
-            sql.GET_CHECKPOINT,
+            self._get_sql,
             {
                 "thread_id": thread_id,
                 "checkpoint_ns": checkpoint_ns,
-                "checkpoint_id": checkpoint_id,
-                "known": known,
+                "checkpoint_id": self._key(checkpoint_id),
+                "known": self._key(known),
             },
         )
         return self._codec.checkpoint_tuple(thread_id, checkpoint_ns, rows, known)
@@ -70,11 +82,11 @@ class SqlReads:
             return []
         rows = await self._read(
             "list",
-            sql.LIST_CHECKPOINTS,
+            self._list_sql,
             {
                 "thread_id": thread_id,
                 "checkpoint_ns": checkpoint_ns,
-                "before": before,
+                "before": self._key(before),
                 "limit": _NO_LIMIT if limit is None else limit,
             },
         )
@@ -84,7 +96,7 @@ class SqlReads:
     async def list_tips(self, thread_id: str, checkpoint_ns: str = "") -> Sequence[Checkpoint]:
         """See :meth:`BaseCheckpointer.list_tips`."""
         rows = await self._read(
-            "list_tips", sql.LIST_TIPS, {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}
+            "list_tips", self._tips_sql, {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}
         )
         found, _ = self._codec.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
         tips = [cp for _, cp in found]
@@ -96,7 +108,7 @@ class SqlReads:
         return [
             ThreadInfo(
                 thread_id=thread_id,
-                head_id=head_id,
+                head_id=sql.id_text(head_id),
                 step=step,
                 updated_at=sql.from_micros(created_at),
                 next_nodes=sql.json_tuple(next_nodes),

@@ -12,7 +12,11 @@ Schema (every name is prefixed ``graphexec_`` so the tables can share a file wit
     tables reference an integer instead of repeating ``(thread_id, checkpoint_ns,
     checkpoint_id)``. ``frontier`` and ``metadata`` are blobs (encrypted when encryption is on);
     ``next_nodes`` is a JSON array kept readable for listings; ``created_at`` is microseconds
-    since the Unix epoch (UTC).
+    since the Unix epoch (UTC). SQLite stores these rows more compactly (schema version 19
+    on: canonical UUID ids as 16 bytes, the parent as ``parent_seq``, the engine's graph
+    version as 8 bytes; see :mod:`checkpointers._sqlite_sql`), and with it the metadata the
+    engine records without the ``source`` and ``step`` the row already has
+    (:meth:`RowCodec.pack_metadata`).
 ``graphexec_channels``
     What a checkpoint stores per channel: one row per channel for its deltas (``role='d'``,
     ``op`` ``set`` -- the value -- or ``fold`` -- the msgpack list of updates) and, when the
@@ -21,6 +25,9 @@ Schema (every name is prefixed ``graphexec_`` so the tables can share a file wit
     checkpoint, which is then stored once). With encryption on, every blob is bound to its
     row -- thread, namespace, checkpoint, role, channel and op -- and the metadata blob also
     to the row's structural columns and its list of channel rows (see :meth:`RowCodec.encode`).
+    SQLite (schema version 23 on) keys these rows by ``row_key = cp_seq * 2**20 + position``
+    instead of indexing ``(cp_seq, role, channel)``: a checkpoint's rows are one range of the
+    table itself, in the order they were written.
 ``graphexec_heads``
     The head of each ``(thread_id, checkpoint_ns)``; the compare-and-set target of ``put``.
 ``graphexec_writes``
@@ -43,6 +50,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -63,12 +71,17 @@ __all__ = [
     "BlobCodec",
     "ChannelRow",
     "Dialect",
+    "OnlyOn",
     "RowCodec",
     "from_micros",
+    "id_key",
+    "id_text",
     "json_tuple",
     "lease_row",
     "migrations",
     "to_micros",
+    "version_key",
+    "version_text",
 ]
 
 
@@ -372,7 +385,21 @@ POSTGRES = Dialect(
     put_writes_function=PG_PUT_WRITES_FUNCTION,
 )
 
-MIGRATIONS: tuple[str, ...] = (
+
+@dataclass(frozen=True, slots=True)
+class OnlyOn:
+    """A migration for one dialect; every other dialect records its version and does nothing.
+
+    Attributes:
+        dialect: The :attr:`Dialect.name` it applies to.
+        statement: The statement, a template like the plain entries of :data:`MIGRATIONS`.
+    """
+
+    dialect: str
+    statement: str
+
+
+MIGRATIONS: tuple[str | OnlyOn, ...] = (
     # 0: the version table itself (created before anything is read from it)
     """CREATE TABLE IF NOT EXISTS graphexec_migrations (
         version INTEGER PRIMARY KEY,
@@ -454,11 +481,58 @@ MIGRATIONS: tuple[str, ...] = (
     "{get_function}",
     "{acquire_get_function}",
     "{put_writes_function}",
+    # 16-19: SQLite's compact checkpoint rows (see checkpointers/_sqlite_sql.py): the parent as
+    # the integer parent_seq (parent_id keeps an id only once that parent is pruned), and ids
+    # that are canonical UUIDs as their 16 bytes (graphexec_id_key: _sqlite_sql.FUNCTIONS)
+    OnlyOn("sqlite", "ALTER TABLE graphexec_checkpoints ADD COLUMN parent_seq INTEGER"),
+    OnlyOn(
+        "sqlite",
+        """UPDATE graphexec_checkpoints SET parent_seq = (
+            SELECT p.cp_seq FROM graphexec_checkpoints AS p
+            WHERE p.thread_id = graphexec_checkpoints.thread_id
+              AND p.checkpoint_ns = graphexec_checkpoints.checkpoint_ns
+              AND p.checkpoint_id = graphexec_checkpoints.parent_id)
+        WHERE parent_id IS NOT NULL""",
+    ),
+    OnlyOn(
+        "sqlite",
+        """UPDATE graphexec_checkpoints SET checkpoint_id = graphexec_id_key(checkpoint_id),
+            parent_id = CASE WHEN parent_seq IS NULL THEN graphexec_id_key(parent_id) END""",
+    ),
+    OnlyOn("sqlite", "UPDATE graphexec_heads SET head_id = graphexec_id_key(head_id)"),
+    # 20-23: SQLite keys channel rows by row_key = cp_seq * 2**20 + position, so a checkpoint's
+    # rows are one range of the table's own b-tree; graphexec_channels_by_checkpoint goes with
+    # the old table. Old rows keep the order that index gave them (role, channel). The CHECK
+    # also makes a process still running an older graphexec fail its commits loudly (its
+    # inserts leave row_key to SQLite) instead of filing rows under another checkpoint.
+    OnlyOn(
+        "sqlite",
+        """CREATE TABLE graphexec_channel_rows (
+            row_key INTEGER PRIMARY KEY,
+            cp_seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            op TEXT NOT NULL,
+            data BLOB,
+            CHECK (row_key >> 20 = cp_seq)
+        )""",
+    ),
+    OnlyOn(
+        "sqlite",
+        """INSERT INTO graphexec_channel_rows (row_key, cp_seq, role, channel, op, data)
+        SELECT cp_seq * 1048576 + row_number() OVER (PARTITION BY cp_seq ORDER BY role, channel)
+            - 1, cp_seq, role, channel, op, data
+        FROM graphexec_channels""",
+    ),
+    OnlyOn("sqlite", "DROP TABLE graphexec_channels"),
+    OnlyOn("sqlite", "ALTER TABLE graphexec_channel_rows RENAME TO graphexec_channels"),
 )
 """Schema migrations in order; a database at version ``v`` has applied ``MIGRATIONS[:v + 1]``.
 
 Append only: never edit or reorder a released entry. Each entry is a single statement, so a
-backend can run the pending ones inside one transaction with its plain ``execute``.
+backend can run the pending ones inside one transaction with its plain ``execute``. An
+:class:`OnlyOn` entry changes one dialect's schema only; the others record its version and run
+nothing (``SELECT 1``).
 """
 
 
@@ -476,7 +550,14 @@ def migrations(dialect: Dialect) -> list[str]:
         "acquire_get_function": dialect.acquire_get_function,
         "put_writes_function": dialect.put_writes_function,
     }
-    return [m.format(**names) for m in MIGRATIONS]
+    return [
+        m.format(**names)
+        if isinstance(m, str)
+        else m.statement.format(**names)
+        if m.dialect == dialect.name
+        else "SELECT 1"
+        for m in MIGRATIONS
+    ]
 
 
 VERSION_TABLE = "graphexec_migrations"
@@ -726,6 +807,46 @@ def from_micros(value: int) -> datetime:
     return _EPOCH + timedelta(microseconds=value)
 
 
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+
+
+def id_key(checkpoint_id: str) -> str | bytes:
+    """How SQLite stores a checkpoint id: a canonical UUID as its 16 bytes, any other id as is.
+
+    Canonical means lowercase and hyphenated, as :func:`~graphexec.new_checkpoint_id` writes
+    them (36 characters become 16 bytes). The mapping is one to one: a canonical id is never
+    stored as text, and SQLite never compares a BLOB equal to a TEXT, so an id column can hold
+    both and its unique index still means unique ids. :func:`id_text` inverts it.
+    """
+    if len(checkpoint_id) == 36 and _CANONICAL_UUID.fullmatch(checkpoint_id):
+        return bytes.fromhex(checkpoint_id.replace("-", ""))
+    return checkpoint_id
+
+
+def version_key(graph_version: str) -> str | bytes:
+    """How SQLite stores a graph version: the engine's 16 hex digits as 8 bytes, else as is."""
+    if len(graph_version) == 16 and _HEX16.fullmatch(graph_version):
+        return bytes.fromhex(graph_version)
+    return graph_version
+
+
+def version_text(stored: Any) -> Any:
+    """Inverse of :func:`version_key`; text passes."""
+    if type(stored) is bytes and len(stored) == 8:
+        return stored.hex()
+    return stored
+
+
+def id_text(stored: Any) -> Any:
+    """The checkpoint id stored as ``stored`` (see :func:`id_key`); text and ``None`` pass."""
+    if type(stored) is bytes and len(stored) == 16:
+        h = stored.hex()
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return stored
+
+
 class BlobCodec(Protocol):
     """Seals blobs before they are stored and opens them after they are read."""
 
@@ -757,6 +878,9 @@ class _Sealed:
         return self._enc.decrypt(data, context=blob_context(*context), what=what())
 
 
+_COMPACT_METADATA = b"\x92\xc4\x10"
+"""How a compact metadata blob starts: a 2-element msgpack array, then 16 bytes (the run id)."""
+
 ChannelRow = tuple[str, str, str, bytes]
 """``(role, channel, op, data)`` of one ``graphexec_channels`` row."""
 
@@ -784,12 +908,70 @@ class RowCodec:
 
     Args:
         encryption: Encrypt every stored blob with these keys.
+        compact_metadata: Store the metadata the engine records in the columns' shadow (see
+            :meth:`pack_metadata`). Only for a schema whose older readers are refused (SQLite);
+            reading accepts both forms either way.
     """
 
-    def __init__(self, encryption: Encryption | None = None) -> None:
+    def __init__(
+        self, encryption: Encryption | None = None, *, compact_metadata: bool = False
+    ) -> None:
         self.encrypted = encryption is not None
         self.blobs: BlobCodec = _Plain() if encryption is None else _Sealed(encryption)
+        self.compact_metadata = compact_metadata
         self._meta = default_serializer()
+
+    # -- metadata
+
+    def pack_metadata(self, cp: Checkpoint) -> bytes:
+        """The metadata blob of ``cp`` (before sealing).
+
+        The engine ends every checkpoint's metadata with ``source``, ``step`` and ``run_id`` (a
+        UUID's 32 hex digits). With ``compact_metadata``, metadata that ends exactly so is
+        stored as ``[run_id's 16 bytes, the rest]`` (a msgpack array, which a stored mapping
+        never starts with): source and step are the row's own columns, so they are not stored
+        twice, and :meth:`unpack_metadata` puts all three back, in the same order. Any other
+        metadata is the msgpack mapping itself, as it always was.
+        """
+        meta = dict(cp.metadata)
+        if self.compact_metadata and len(meta) >= 3:
+            *rest, (k1, source), (k2, step), (k3, run_id) = meta.items()
+            if (
+                (k1, k2, k3) == ("source", "step", "run_id")
+                and type(source) is str
+                and source == cp.source
+                and type(step) is int
+                and step == cp.step
+                and type(run_id) is str
+                and _HEX32.fullmatch(run_id)
+            ):
+                packed = self._meta.dumps(dict(rest), channel="__metadata__")
+                return _COMPACT_METADATA + bytes.fromhex(run_id) + packed
+        return self._meta.dumps(meta, channel="__metadata__")
+
+    def unpack_metadata(
+        self, data: bytes, source: str, step: int, where: Callable[[], str]
+    ) -> dict[str, Any]:
+        """Inverse of :meth:`pack_metadata` (``source`` and ``step``: the row's columns)."""
+        compact = data[:3] == _COMPACT_METADATA
+        if compact and len(data) < 19:
+            raise DeserializationError(
+                f"metadata of {where()} is truncated", channel="__metadata__"
+            )
+        try:
+            meta = self._meta.loads(data[19:] if compact else data, channel="__metadata__")
+        except DeserializationError as e:
+            raise DeserializationError(
+                f"metadata of {where()} cannot be decoded: {e}", channel="__metadata__"
+            ) from e
+        if not isinstance(meta, dict):
+            raise DeserializationError(
+                f"metadata of {where()} is a {type(meta).__name__}, not a mapping",
+                channel="__metadata__",
+            )
+        if compact:
+            meta.update(source=source, step=step, run_id=data[3:19].hex())
+        return meta
 
     # -- checkpoints
 
@@ -803,7 +985,7 @@ class RowCodec:
         """
         rows = self.channel_rows(cp)
         key = (cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id)
-        metadata = self._meta.dumps(dict(cp.metadata), channel="__metadata__")
+        metadata = self.pack_metadata(cp)
         params: dict[str, Any] = {
             "thread_id": cp.thread_id,
             "checkpoint_ns": cp.checkpoint_ns,
@@ -957,13 +1139,20 @@ class RowCodec:
         """
         if not rows:
             return None
-        head = next(r[16] for r in rows if r[0] == "c")
+        head = id_text(next(r[16] for r in rows if r[0] == "c"))
         found, writes = self.checkpoints_from_rows(thread_id, checkpoint_ns, rows)
         target = found[0][1]
         chain = [cp for _, cp in reversed(found[1:])]
         oldest = chain[0] if chain else target
         stopped = known is not None and known in (oldest.checkpoint_id, oldest.parent_id)
         if oldest.snapshot is None and not stopped:
+            lost = max((r for r in rows if r[0] == "c"), key=lambda r: r[2])[17:]
+            if oldest.parent_id is None and lost and lost[0] is not None:
+                # SQLite's rows name a parent by its cp_seq (see _sqlite_sql)
+                raise CheckpointError(
+                    f"thread {thread_id!r}: the parent of checkpoint {oldest.checkpoint_id!r} "
+                    f"(row {lost[0]}), needed to read {target.checkpoint_id!r}, is missing"
+                )
             if oldest.parent_id is None:
                 raise CheckpointError(
                     f"thread {thread_id!r}: checkpoint {target.checkpoint_id!r} has no snapshot "
@@ -987,6 +1176,7 @@ class RowCodec:
         # Hot path (a read decodes up to max_depth of these): messages are only built on error.
         (_, _, _, cid, parent_id, source, version, next_nodes, frontier, metadata) = row[:10]
         step, created_at, depth, delta_bytes, snapshot_bytes, has_snapshot = row[10:16]
+        cid, parent_id, version = id_text(cid), id_text(parent_id), version_text(version)
         key = (thread_id, ns, cid)
 
         def where() -> str:
@@ -1000,21 +1190,15 @@ class RowCodec:
                 channel="__metadata__",
             )
         channel_rows = list(channel_rows)
-        structure: tuple[Any, ...] = (parent_id, step, source, version, next_nodes, created_at)
-        structure += (depth, delta_bytes, snapshot_bytes, has_snapshot)  # STRUCTURE's order
-        context = self.metadata_context(key, structure, ((r[3], r[4], r[5]) for r in channel_rows))
+        if self.encrypted:
+            structure: tuple[Any, ...] = (parent_id, step, source, version, next_nodes)
+            structure += (created_at, depth, delta_bytes, snapshot_bytes, has_snapshot)
+            manifest = ((r[3], r[4], r[5]) for r in channel_rows)  # STRUCTURE's order ^
+            context = self.metadata_context(key, structure, manifest)
+        else:
+            context = (*key, "metadata")
         meta_bytes = self._open(metadata, context, lambda: f"metadata of {where()}")
-        try:
-            meta = self._meta.loads(meta_bytes, channel="__metadata__")
-        except DeserializationError as e:
-            raise DeserializationError(
-                f"metadata of {where()} cannot be decoded: {e}", channel="__metadata__"
-            ) from e
-        if not isinstance(meta, dict):
-            raise DeserializationError(
-                f"metadata of {where()} is a {type(meta).__name__}, not a mapping",
-                channel="__metadata__",
-            )
+        meta = self.unpack_metadata(meta_bytes, source, step, where)
         deltas: dict[str, ChannelDelta] = {}
         snapshot: dict[str, bytes] | None = {} if has_snapshot else None
         same: list[str] = []

@@ -86,8 +86,15 @@ async def _on_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connectio
 
 
 def _configure(
-    db: sqlite3.Connection, *, where: str | None, synchronous: str, query_only: bool
+    db: sqlite3.Connection,
+    *,
+    where: str | None,
+    synchronous: str,
+    query_only: bool,
+    functions: Mapping[str, Callable[[Any], Any]],
 ) -> None:
+    for name, fn in functions.items():
+        db.create_function(name, 1, fn, deterministic=True)
     if where is not None:
         [(mode,)] = fetch(db, "PRAGMA journal_mode=WAL")
         if str(mode).lower() != "wal":
@@ -187,6 +194,8 @@ class SqliteDatabase:
         version_table: Records ``(version, applied_at)`` per applied migration.
         synchronous: SQLite's ``synchronous`` pragma: ``"NORMAL"`` or ``"FULL"``.
         busy_timeout: Seconds a statement waits for a lock before the transaction is retried.
+        functions: One-argument SQL functions (name to a deterministic Python function) to
+            register on every connection, for migrations that convert data SQL cannot.
     """
 
     def __init__(
@@ -198,6 +207,7 @@ class SqliteDatabase:
         version_table: str,
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         busy_timeout: float = 5.0,
+        functions: Mapping[str, Callable[[Any], Any]] | None = None,
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
@@ -218,6 +228,7 @@ class SqliteDatabase:
             f"INSERT INTO {version_table} (version, applied_at) VALUES (:version, :applied_at)"
         )
         self._synchronous = synchronous
+        self._functions = dict(functions or {})
         self._guard = threading.Lock()
         self._by_loop: dict[asyncio.AbstractEventLoop, _LoopConnections] = {}
         self._gates: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
@@ -340,6 +351,7 @@ class SqliteDatabase:
             where=None if self.memory else self.where,
             synchronous=self._synchronous,
             query_only=query_only,
+            functions=self._functions,
         )
         try:
             await self._retrying("open", lambda: _on_thread(conn, configure))

@@ -23,6 +23,12 @@ coroutines can never interleave statements inside one another's transactions (an
 caller cannot leave one half done); reads are single statements on the reader connection and
 never queue behind writes.
 
+Upgrades: the first open by a newer graphexec migrates the file in one transaction (other
+processes opening it meanwhile wait for it); a graphexec older than the file's schema refuses
+to open it. Processes of an older version that already have the file open are not stopped, and
+their statements do not fit the new schema: stop them before the upgrade. (Schema 23 makes
+their commits fail on a constraint, but their reads and prunes would misread the new rows.)
+
 Retention: :meth:`~SqliteCheckpointer.prune`, :meth:`~SqliteCheckpointer.delete_thread` and
 :meth:`~SqliteCheckpointer.expire` delete rows; SQLite then reuses the freed pages for new data,
 but the file does not shrink. To give space back to the OS run ``VACUUM`` on the file while no
@@ -41,6 +47,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from checkpointers import _sql as sql
+from checkpointers import _sqlite_sql as lite
 from checkpointers._crypto import Encryption
 from checkpointers._reads import SqlReads
 from checkpointers._sqlite_db import SqliteDatabase, fetch
@@ -115,13 +122,31 @@ def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> 
     return lease
 
 
-def _insert_channels(db: sqlite3.Connection, seq: int, rows: Sequence[sql.ChannelRow]) -> None:
+def _key(checkpoint_id: str | None) -> Any:
+    return None if checkpoint_id is None else sql.id_key(checkpoint_id)
+
+
+def _insert_channels(
+    db: sqlite3.Connection, seq: int, rows: Sequence[sql.ChannelRow], start: int = 0
+) -> None:
+    if start + len(rows) > lite.SLOTS:
+        raise CheckpointError(
+            f"a checkpoint can store at most {lite.SLOTS} channel rows, got {start + len(rows)}"
+        )
     if rows:
+        key = seq * lite.SLOTS + start
         db.executemany(
-            sql.INSERT_CHANNEL,
+            lite.INSERT_CHANNEL,
             [
-                {"cp_seq": seq, "role": role, "channel": ch, "op": op, "data": data}
-                for role, ch, op, data in rows
+                {
+                    "row_key": key + i,
+                    "cp_seq": seq,
+                    "role": role,
+                    "channel": ch,
+                    "op": op,
+                    "data": data,
+                }
+                for i, (role, ch, op, data) in enumerate(rows)
             ],
         )
 
@@ -157,16 +182,32 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             applied to threads created from now on; :meth:`set_ttl` sets it per thread.
     """
 
-    snapshot_policy: SnapshotPolicy = SnapshotPolicy(max_depth=400, ratio=2.0, min_bytes=16384)
-    """Snapshot when the deltas since the last one reach twice its size, or after 400 deltas.
+    snapshot_policy: SnapshotPolicy = SnapshotPolicy(max_depth=1000, ratio=3.0, min_bytes=65536)
+    """Snapshot when the deltas since the last one reach three times its size, or after 1000.
 
-    Measured on a chat thread (``tests/integration/sqlite_measure.py``): the core default
-    (depth 200, ratio 1) stores 3.3-5.3x the raw content between 50 and 600 turns, because at
-    depth 200 a long thread re-snapshots its whole, growing state every 100 turns; this policy
-    stores 2.5-3.6x with about as many deltas to fold per read (at most 400; 141 at turn 500
-    against 128). Reads grow with the deltas folded since the snapshot, so a smaller depth
-    buys cheaper reads with more storage.
+    Storage against read cost, measured with ``python -m benchmarks`` (SQLite, durability
+    sync; bytes after ``wal_checkpoint(TRUNCATE)`` over raw content). A snapshot of an
+    append-only channel stores the whole list again, so snapshots dominate the file of a long
+    thread: with the byte rule at ratio ``r`` their sizes grow by ``1 + r`` each time, and a
+    depth rule that fires before the byte rule adds one full copy per ``max_depth`` steps. The
+    previous policy (depth 400, ratio 2, 16 KiB) stored the 1,000-step ``loop`` benchmark at
+    3.48x its raw content (with compact rows; 4.24x before them), with snapshots at steps 0,
+    81, 243 and 643; this one stores it at 2.83x (snapshots at 0 and 323), ``chat`` at 2.53x
+    (2.27x) and ``chat-long`` at 1.95x (3.25x).
+
+    The price is the cold read: a read folds every delta since the last snapshot -- at most
+    ``max_depth`` of them -- unless the graph's cache already holds an older checkpoint's
+    values (then it folds only the newer ones). At step 1000 of ``loop``, ``aget_state`` in a
+    new process folds 677 deltas in about 12 ms, against 357 deltas in about 6 ms before (the
+    cost per delta is unchanged); the worst case, 1000 deltas, is about 18 ms. A smaller depth
+    buys cheaper cold reads with more storage: for append-only state any depth below the
+    byte rule's spacing adds a full copy of the state every ``max_depth`` steps.
     """
+
+    _get_sql = lite.GET_CHECKPOINT
+    _list_sql = lite.LIST_CHECKPOINTS
+    _tips_sql = lite.LIST_TIPS
+    _key = staticmethod(_key)
 
     def __init__(
         self,
@@ -189,9 +230,10 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             version_table=sql.VERSION_TABLE,
             synchronous=synchronous,
             busy_timeout=busy_timeout,
+            functions=lite.FUNCTIONS,
         )
         self._default_ttl = default_ttl
-        self._codec = sql.RowCodec(encryption)
+        self._codec = sql.RowCodec(encryption, compact_metadata=True)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -302,11 +344,17 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                 "must carry a snapshot"
             )
         params, rows = self._codec.encode(cp)
+        params.update(
+            checkpoint_id=_key(cp.checkpoint_id),
+            parent_id=_key(cp.parent_id),
+            graph_version=sql.version_key(cp.graph_version),
+        )
         default_ttl = self._default_ttl
 
         def body(db: sqlite3.Connection) -> None:
             [check] = fetch(db, sql.PUT_CHECK, params)
             head, owner, epoch, expires, dup, parent_seq, parent_writes, thread, ttl = check
+            head = sql.id_text(head)
             now = time.time()
             _check_lease(cp.thread_id, lease, (owner, epoch, expires), now)
             if head != expected_head:
@@ -325,7 +373,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                 raise CheckpointError(
                     f"thread {cp.thread_id!r}: parent checkpoint {cp.parent_id!r} does not exist"
                 )
-            [(seq,)] = fetch(db, sql.INSERT_CHECKPOINT, params)
+            [(seq,)] = fetch(db, lite.INSERT_CHECKPOINT, {**params, "parent_seq": parent_seq})
             _insert_channels(db, seq, rows)
             fetch(db, sql.MOVE_HEAD, {**params, "cp_seq": seq})
             if parent_writes:
@@ -384,7 +432,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         key = {
             "thread_id": thread_id,
             "checkpoint_ns": checkpoint_ns,
-            "checkpoint_id": checkpoint_id,
+            "checkpoint_id": _key(checkpoint_id),
         }
 
         def body(db: sqlite3.Connection) -> None:
@@ -426,7 +474,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         """
 
         def body(db: sqlite3.Connection) -> None:
-            for statement in sql.DELETE_THREAD:
+            for statement in lite.DELETE_THREAD:
                 fetch(db, statement, {"thread_id": thread_id})
 
         await self._db.write("delete_thread", body)
@@ -451,12 +499,16 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         def body(db: sqlite3.Connection) -> int:
             if rebase is not None:
                 target = fetch(
-                    db, sql.REBASE_TARGET, {"thread_id": thread_id, "checkpoint_id": rebase[0]}
+                    db,
+                    lite.REBASE_TARGET,
+                    {"thread_id": thread_id, "checkpoint_id": _key(rebase[0])},
                 )
-                for seq, metadata, *structure in target:
+                for seq, metadata, parent, *structure in target:
+                    structure.insert(0, sql.id_text(parent))
+                    structure[3] = sql.version_text(structure[3])  # STRUCTURE's order
                     if structure[-1]:  # has_snapshot: nothing to do
                         continue
-                    manifest = fetch(db, sql.CHANNEL_MANIFEST, {"cp_seq": seq})
+                    manifest = fetch(db, lite.CHANNEL_MANIFEST, {"cp_seq": seq})
                     resealed = codec.rebased_metadata(
                         (thread_id, "", rebase[0]),
                         metadata,
@@ -465,17 +517,20 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                         rebase_rows,
                         rebase_bytes,
                     )
-                    _insert_channels(db, seq, rebase_rows)
+                    _insert_channels(db, seq, rebase_rows, start=len(manifest))
                     fetch(
                         db,
                         sql.REBASE,
                         {"cp_seq": seq, "snapshot_bytes": rebase_bytes, "metadata": resealed},
                     )
-            doomed = fetch(db, sql.PRUNE_DOOMED, {"thread_id": thread_id, "keep_last": keep_last})
-            seqs = [{"cp_seq": seq} for (seq,) in doomed]
+            plan = fetch(db, lite.PRUNE_PLAN, {"thread_id": thread_id, "keep_last": keep_last})
+            orphans = [{"cp_seq": seq} for seq, orphan in plan if orphan]
+            if orphans:
+                db.executemany(lite.DETACH_PARENT, orphans)
+            seqs = [{"cp_seq": seq} for seq, orphan in plan if not orphan]
             if seqs:
                 for statement in (
-                    sql.DELETE_CHANNELS_OF,
+                    lite.DELETE_CHANNELS_OF,
                     sql.DELETE_WRITES_OF,
                     sql.DELETE_CHECKPOINT,
                 ):
@@ -518,7 +573,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                 )
                 params = [{"thread_id": thread_id} for (thread_id,) in expired]
                 if params:
-                    for statement in sql.DELETE_THREAD:
+                    for statement in lite.DELETE_THREAD:
                         db.executemany(statement, params)
                 return len(params)
 
@@ -555,13 +610,13 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         params = {
             "thread_id": thread_id,
             "checkpoint_ns": "",
-            "checkpoint_id": checkpoint_id,
-            "known": known,
+            "checkpoint_id": _key(checkpoint_id),
+            "known": _key(known),
         }
 
         def body(db: sqlite3.Connection) -> tuple[Lease, CheckpointTuple | None]:
             lease = _acquire(db, thread_id, owner, ttl)
-            rows = fetch(db, sql.GET_CHECKPOINT, params)
+            rows = fetch(db, lite.GET_CHECKPOINT, params)
             return lease, codec.checkpoint_tuple(thread_id, "", rows, known)
 
         return await self._db.write("acquire_lease", body)

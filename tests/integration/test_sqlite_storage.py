@@ -21,6 +21,7 @@ import sqlite_worker as worker
 
 from checkpointers import SqliteCheckpointer
 from checkpointers import _sql as sql
+from checkpointers import _sqlite_sql as lite
 from graphexec import (
     END,
     START,
@@ -114,6 +115,8 @@ def test_migrations_are_valid_for_both_dialect_templates() -> None:
         assert len(statements) == len(sql.MIGRATIONS)
         assert all("{" not in s for s in statements)
     with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        for name, fn in lite.FUNCTIONS.items():
+            conn.create_function(name, 1, fn, deterministic=True)
         for statement in sql.migrations(sql.SQLITE):
             conn.execute(statement)
 
@@ -132,18 +135,24 @@ def test_every_query_path_uses_an_index() -> None:
         "cp_seq": 1,
     }
     queries = {
-        "get": sql.GET_CHECKPOINT,
-        "list": sql.LIST_CHECKPOINTS,
-        "tips": sql.LIST_TIPS,
+        "get": lite.GET_CHECKPOINT,
+        "list": lite.LIST_CHECKPOINTS,
+        "tips": lite.LIST_TIPS,
         "put check": sql.PUT_CHECK,
         "writes check": sql.WRITES_CHECK,
-        "prune": sql.PRUNE_DOOMED,
+        "prune": lite.PRUNE_PLAN,
+        "detach parent": lite.DETACH_PARENT,
         "expire": sql.EXPIRED_THREADS,
         "last commit": sql.LAST_COMMIT,
-        "rebase": sql.REBASE_TARGET,
-        **{f"delete {i}": q for i, q in enumerate(sql.DELETE_THREAD)},
+        "rebase": lite.REBASE_TARGET,
+        "manifest": lite.CHANNEL_MANIFEST,
+        "delete channels": lite.DELETE_CHANNELS_OF,
+        "threads": sql.LIST_THREADS,
+        **{f"delete {i}": q for i, q in enumerate(lite.DELETE_THREAD)},
     }
     with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        for name, fn in lite.FUNCTIONS.items():
+            conn.create_function(name, 1, fn, deterministic=True)
         for statement in sql.migrations(sql.SQLITE):
             conn.execute(statement)
         for name, query in queries.items():
@@ -446,7 +455,8 @@ async def test_missing_history_fails_loudly_instead_of_returning_empty_state(
         cps = await put_chain(cp, "t", 5)
         with raw(db) as conn:
             conn.execute(
-                "DELETE FROM graphexec_checkpoints WHERE checkpoint_id = ?", (cps[1].checkpoint_id,)
+                "DELETE FROM graphexec_checkpoints WHERE checkpoint_id = ?",
+                (sql.id_key(cps[1].checkpoint_id),),
             )
         with pytest.raises(CheckpointError, match="is missing"):
             await cp.get("t")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from checkpointers import Encryption
 from checkpointers._crypto import ENVELOPE_VERSION, blob_context
-from checkpointers._sql import RowCodec, from_micros, to_micros
+from checkpointers._sql import RowCodec, from_micros, id_key, id_text, to_micros
 from graphexec import ChannelDelta, Checkpoint, CheckpointError, DeserializationError
 from graphexec.testing import make_checkpoint
 
@@ -101,6 +101,57 @@ def test_checkpoints_round_trip(
     if snapshot is None:
         cp = make_checkpoint("thread ✓", ns=ns, parent=cp, deltas=deltas, metadata=metadata)
     assert round_trip(codec, cp) == cp
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    user=metadata,
+    tail=st.sampled_from(["engine", "engine-upper", "other-step", "no-run", "reordered", "none"]),
+    encrypted=st.booleans(),
+)
+def test_compact_metadata_round_trips_every_mapping_in_order(
+    user: dict[str, Any], tail: str, encrypted: bool
+) -> None:
+    run_id = "0123456789abcdef" * 2
+    meta: dict[str, Any] = dict(user)
+    if tail == "engine":  # what the engine writes: stored without source and step
+        meta.update(source="loop", step=1, run_id=run_id)
+    elif tail == "engine-upper":
+        meta.update(source="loop", step=1, run_id=run_id.upper())
+    elif tail == "other-step":
+        meta.update(source="loop", step=True, run_id=run_id)
+    elif tail == "no-run":
+        meta.update(source="loop", step=1)
+    elif tail == "reordered":
+        meta.update(step=1, source="loop", run_id=run_id)
+    parent = make_checkpoint("t")
+    cp = make_checkpoint("t", parent=parent, metadata=meta)
+    compact = RowCodec(encryption() if encrypted else None, compact_metadata=True)
+    got = round_trip(compact, cp)
+    assert list(got.metadata.items()) == list(meta.items())
+    assert got == cp
+    # either codec reads what the other wrote
+    plain = RowCodec(encryption() if encrypted else None)
+    assert round_trip(plain, cp) == cp
+    rows = as_rows(compact, cp)
+    [(_, got_plain)], _ = plain.checkpoints_from_rows("t", "", rows)
+    assert list(got_plain.metadata.items()) == list(meta.items())
+    packed = compact.pack_metadata(cp)
+    if tail == "engine" and not ({"source", "step", "run_id"} & user.keys()):
+        assert packed[0] == 0x92
+        assert len(packed) <= len(plain.pack_metadata(cp)) - 30
+    else:
+        assert packed == plain.pack_metadata(cp)
+
+
+def test_checkpoint_ids_map_one_to_one() -> None:
+    canonical = "01a22ac4-fb18-7001-b9ef-40cb1dc16e14"
+    assert id_key(canonical) == bytes.fromhex(canonical.replace("-", ""))
+    assert id_text(id_key(canonical)) == canonical
+    for other in ("", "first", canonical.upper(), canonical.replace("-", ""), canonical + " "):
+        assert id_key(other) == other
+        assert id_text(other) == other
+    assert id_text(None) is None
 
 
 def test_a_snapshot_equal_to_a_set_delta_is_stored_once() -> None:
