@@ -180,6 +180,18 @@ class _Queued:
     call: Callable[[], Any]
     task_id: str | None
     """Set for a task's pending writes: independent of other tasks' writes queued next to it."""
+    holds_room: bool = False
+    """Whether this call holds one of :data:`ASYNC_AHEAD` slots (released once it is stored)."""
+
+
+ASYNC_AHEAD = 2
+"""In ``async`` durability, how many checkpoints (and other calls that are not a task's pending
+writes) may be queued or in flight at once. A run that computes steps faster than the store
+commits them then waits for room: it stays at most this many steps ahead of the store, which
+bounds the memory queued commits hold and what a crash can lose, and keeps the step time steady
+(an unbounded queue let the first steps run at compute speed and the later ones slow down as
+the backlog's commits competed with them). Pending writes of a step's tasks are not counted: a
+step has a bounded number of tasks, and they are stored together when queued together."""
 
 
 class Committer:
@@ -187,6 +199,7 @@ class Committer:
 
     ``sync`` awaits each call; ``async`` runs calls in order in one background task so the next
     step overlaps the commit, and re-raises a failed commit at the next submit, drain or flush.
+    A submit waits while :data:`ASYNC_AHEAD` checkpoints are already queued or in flight.
     Pending writes of different tasks queued back to back are independent of one another, so
     the background task runs such a run of them concurrently (a backend may then store them in
     one statement); checkpoints, and a task's second save, still wait for everything before.
@@ -197,6 +210,7 @@ class Committer:
         self._queue: asyncio.Queue[_Queued | None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
+        self._room: asyncio.Semaphore | None = None
 
     async def submit(self, call: Callable[[], Any], *, writes_of: str | None = None) -> None:
         """Run ``call`` now (sync/exit) or queue it behind earlier ones (async).
@@ -209,8 +223,16 @@ class Committer:
         self._raise_pending()
         if self._queue is None:
             self._queue = asyncio.Queue()
+            self._room = asyncio.Semaphore(ASYNC_AHEAD)
             self._worker = asyncio.create_task(self._work())
-        self._queue.put_nowait(_Queued(call, writes_of))
+        holds_room = writes_of is None
+        if holds_room:
+            assert self._room is not None
+            await self._room.acquire()
+            if self._error is not None:  # a commit failed while this one waited for room
+                self._room.release()
+                self._raise_pending()
+        self._queue.put_nowait(_Queued(call, writes_of, holds_room))
 
     async def _work(self) -> None:
         queue = self._queue
@@ -246,7 +268,10 @@ class Committer:
             except Exception as e:
                 self._error = e
             finally:
-                for _ in batch:
+                for q in batch:
+                    if q.holds_room:
+                        assert self._room is not None
+                        self._room.release()
                     queue.task_done()
 
     def _raise_pending(self) -> None:
