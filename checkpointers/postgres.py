@@ -117,18 +117,11 @@ _PUT_WRITES_BATCH = """SELECT * FROM graphexec_put_writes(:thread_id, :checkpoin
         :checkpoint_id, :epoch::bigint, :task_ids::text[], :channels::text[], :datas::bytea[])"""
 """Like :data:`_PUT_WRITES` for the writes of several tasks (``:task_ids``: one per write)."""
 
-_PUT_WRITES_FINAL = """WITH w AS (SELECT * FROM graphexec_put_writes(:thread_id, :checkpoint_ns,
+_PUT_WRITES_FINAL = """SELECT * FROM graphexec_put_writes_final(:thread_id, :checkpoint_ns,
         :checkpoint_id, :epoch::bigint, array_fill(:task_id, ARRAY[cardinality(:channels::text[])]),
-        :channels::text[], :datas::bytea[])
-    ), r AS (
-        UPDATE graphexec_leases SET owner = NULL, expires_at = 0
-        WHERE thread_id = :thread_id AND epoch = :epoch::bigint
-          AND (SELECT w.o_verdict FROM w) IS NULL
-    )
-    SELECT w.o_verdict, w.o_owner FROM w"""
+        :channels::text[], :datas::bytea[])"""
 """:data:`_PUT_WRITES`, then (only if the writes were saved) the lease's release, in one
-statement. (The writes hold the lease row ``FOR SHARE``; the release then takes it ``FOR
-UPDATE``, so it waits for any other transaction holding it shared to finish.)"""
+statement (see :data:`checkpointers._sql.PG_PUT_WRITES_FINAL_FUNCTION`)."""
 
 _GET = "SELECT * FROM graphexec_get(:thread_id, :checkpoint_ns, :checkpoint_id, :known)"
 """The read of :data:`checkpointers._sql.GET_CHECKPOINT`, planned once per server connection."""
