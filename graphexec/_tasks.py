@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import uuid
 from collections.abc import Callable
@@ -35,6 +36,7 @@ __all__ = [
     "anchor_for",
     "idempotency_key_for",
     "random_anchor",
+    "relaxed_commit",
     "task_id_for",
 ]
 
@@ -194,6 +196,19 @@ the backlog's commits competed with them). Pending writes of a step's tasks are 
 step has a bounded number of tasks, and they are stored together when queued together."""
 
 
+relaxed_commit: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "graphexec_relaxed_commit", default=False
+)
+"""True while the ``async`` committer stores a call. A store may then acknowledge a ``put`` or
+``put_writes`` before its commit is flushed to disk (PostgreSQL: ``synchronous_commit = off``
+for that transaction), as long as it keeps flushing ``put_final``, ``put_writes_final`` and
+``release_lease``: a run's last store is one of those, and flushing it flushes every earlier
+commit of the run, before ``invoke`` returns. A crash of the database server in between can
+lose the unflushed commits (a prefix of the run's history survives, never a gap) -- what
+``async`` durability allows: "a crash can also lose the last committed-in-flight steps". Never
+set in ``sync`` or ``exit`` durability."""
+
+
 class Committer:
     """Applies the durability mode to storage calls.
 
@@ -237,6 +252,7 @@ class Committer:
     async def _work(self) -> None:
         queue = self._queue
         assert queue is not None
+        relaxed_commit.set(True)  # this task's own context (and the tasks it gathers)
         held: list[_Queued | None] = []  # taken off the queue, not part of the batch: next
         while True:
             item = held.pop() if held else await queue.get()
