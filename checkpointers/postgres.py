@@ -316,8 +316,9 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
     last checkpoint, its pause, or the release of its lease), which is always flushed, flushes
     them all before ``invoke`` returns. So a crash of the database server can lose only what
     ``async`` durability already may: the last steps of a run still in progress (PostgreSQL
-    keeps commit order, so a prefix of the run survives). Measured on a local server, this cuts
-    a step commit from about 0.55 to 0.33 ms.
+    keeps commit order, so a prefix of the run survives). Measured on a local server: a step
+    commit replayed on one connection 0.55 -> 0.33 ms; the 10-node chain benchmark in ``async``
+    durability 0.63 -> 0.53 ms per step.
 
     Failures: driver errors are raised as :class:`~graphexec.errors.StorageError` naming the
     operation. PostgreSQL rolls back whatever a broken connection left unfinished. An operation
