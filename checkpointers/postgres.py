@@ -55,6 +55,7 @@ from graphexec._checkpoint import (
     Lease,
     SnapshotPolicy,
 )
+from graphexec._tasks import relaxed_commit
 from graphexec.errors import (
     CheckpointConflictError,
     CheckpointError,
@@ -94,6 +95,11 @@ _ACQUIRE_TRIES = 5
 
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
 
+_NO_FLUSH = "set_config('synchronous_commit', 'off', true)"
+"""Lets this statement's transaction (only: ``is_local``) commit without waiting for its WAL
+to reach the disk. PostgreSQL reads the setting at commit time and resets it afterwards, so it
+keeps no session state and works through transaction-mode poolers."""
+
 _PUT = """SELECT * FROM graphexec_put(:thread_id, :checkpoint_ns, :checkpoint_id, :parent_id,
         :expected_head, :epoch::bigint, :step::bigint, :source, :created_at::bigint,
         :graph_version, :next_nodes, :frontier::bytea, :metadata::bytea, :delta_depth::bigint,
@@ -103,6 +109,10 @@ _PUT = """SELECT * FROM graphexec_put(:thread_id, :checkpoint_ns, :checkpoint_id
 """Checks and commits one checkpoint (see :data:`checkpointers._sql.PG_PUT_FUNCTION`); returns
 ``(verdict, lease owner, head, dup, written)``. With ``:release`` it also releases the lease
 ``:epoch`` once the commit is written (``put_final``)."""
+
+_PUT_RELAXED = _PUT.replace("SELECT * FROM", f"SELECT *, {_NO_FLUSH} FROM", 1)
+""":data:`_PUT` acknowledged before its commit is flushed (``async`` durability only; see
+:meth:`PostgresCheckpointer.put`)."""
 
 _HEAD = """SELECT head_id FROM graphexec_heads
     WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns"""
@@ -117,18 +127,16 @@ _PUT_WRITES_BATCH = """SELECT * FROM graphexec_put_writes(:thread_id, :checkpoin
         :checkpoint_id, :epoch::bigint, :task_ids::text[], :channels::text[], :datas::bytea[])"""
 """Like :data:`_PUT_WRITES` for the writes of several tasks (``:task_ids``: one per write)."""
 
-_PUT_WRITES_FINAL = """WITH w AS (SELECT * FROM graphexec_put_writes(:thread_id, :checkpoint_ns,
+_PUT_WRITES_RELAXED = _PUT_WRITES.replace("SELECT * FROM", f"SELECT *, {_NO_FLUSH} FROM", 1)
+_PUT_WRITES_BATCH_RELAXED = _PUT_WRITES_BATCH.replace(
+    "SELECT * FROM", f"SELECT *, {_NO_FLUSH} FROM", 1
+)
+
+_PUT_WRITES_FINAL = """SELECT * FROM graphexec_put_writes_final(:thread_id, :checkpoint_ns,
         :checkpoint_id, :epoch::bigint, array_fill(:task_id, ARRAY[cardinality(:channels::text[])]),
-        :channels::text[], :datas::bytea[])
-    ), r AS (
-        UPDATE graphexec_leases SET owner = NULL, expires_at = 0
-        WHERE thread_id = :thread_id AND epoch = :epoch::bigint
-          AND (SELECT w.o_verdict FROM w) IS NULL
-    )
-    SELECT w.o_verdict, w.o_owner FROM w"""
+        :channels::text[], :datas::bytea[])"""
 """:data:`_PUT_WRITES`, then (only if the writes were saved) the lease's release, in one
-statement. (The writes hold the lease row ``FOR SHARE``; the release then takes it ``FOR
-UPDATE``, so it waits for any other transaction holding it shared to finish.)"""
+statement (see :data:`checkpointers._sql.PG_PUT_WRITES_FINAL_FUNCTION`)."""
 
 _GET = "SELECT * FROM graphexec_get(:thread_id, :checkpoint_ns, :checkpoint_id, :known)"
 """The read of :data:`checkpointers._sql.GET_CHECKPOINT`, planned once per server connection."""
@@ -207,6 +215,8 @@ class _Writes:
 
     task_id: str
     rows: list[tuple[str, bytes]]
+    relaxed: bool
+    """Stored by the ``async`` committer (see :data:`graphexec._tasks.relaxed_commit`)."""
     done: asyncio.Future[tuple[Any, Any]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -298,6 +308,17 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
     exists"); a statement cancelled by the client is cancelled through the pooler, which
     PgBouncer supports. The test suite runs the contract through PgBouncer 1.18 in transaction
     mode.
+
+    Durability: every commit waits for its WAL to be flushed (per the server's settings), except
+    the ``put`` and ``put_writes`` calls that a run in ``async`` durability makes from its
+    background committer (see :data:`graphexec._tasks.relaxed_commit`): those commit with
+    ``synchronous_commit = off`` for their own transaction only, and the run's last store (its
+    last checkpoint, its pause, or the release of its lease), which is always flushed, flushes
+    them all before ``invoke`` returns. So a crash of the database server can lose only what
+    ``async`` durability already may: the last steps of a run still in progress (PostgreSQL
+    keeps commit order, so a prefix of the run survives). Measured on a local server: a step
+    commit replayed on one connection 0.55 -> 0.33 ms; the 10-node chain benchmark in ``async``
+    durability 0.63 -> 0.53 ms per step.
 
     Failures: driver errors are raised as :class:`~graphexec.errors.StorageError` naming the
     operation. PostgreSQL rolls back whatever a broken connection left unfinished. An operation
@@ -487,10 +508,12 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
             datas=[r[3] for r in rows],
         )
 
+        statement = _PUT_RELAXED if not release and relaxed_commit.get() else _PUT
+
         async def body(s: Session) -> tuple[Any, ...]:
-            row = await s.fetch_one(_PUT, params)
+            row = await s.fetch_one(statement, params)
             assert row is not None
-            verdict, owner, head, dup, written = row
+            verdict, owner, head, dup, written = row[:5]
             if verdict is None and not written:  # another writer created the thread/ns first
                 current = await s.fetch_one(_HEAD, params)
                 head = None if current is None else current[0]
@@ -549,14 +572,15 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
             epoch,
         )
         waiting = self._waiting_writes.get(key)
+        relaxed = relaxed_commit.get()
         if waiting is not None:  # a statement for this step is in flight: join the next one
-            call = _Writes(task_id, stored)
+            call = _Writes(task_id, stored, relaxed)
             waiting.append(call)
             verdict, owner = await call.done
         else:
             self._waiting_writes[key] = waiting = []
             try:
-                verdict, owner = await self._save_writes(key, [_Writes(task_id, stored)])
+                verdict, owner = await self._save_writes(key, [_Writes(task_id, stored, relaxed)])
             finally:
                 if waiting:  # calls arrived meanwhile: a task sends them on
                     flusher = asyncio.create_task(self._flush_writes(key, waiting))
@@ -631,14 +655,15 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
             "channels": [channel for call in batch for channel, _ in call.rows],
             "datas": [data for call in batch for _, data in call.rows],
         }
+        relaxed = all(call.relaxed for call in batch)  # flushed if any caller needs it
         if len(batch) == 1:
             params["task_id"] = batch[0].task_id
-            statement = _PUT_WRITES
+            statement = _PUT_WRITES_RELAXED if relaxed else _PUT_WRITES
         else:
             params["task_ids"] = [call.task_id for call in batch for _ in call.rows]
-            statement = _PUT_WRITES_BATCH
-        [(verdict, owner)] = await self._db.fetch("put_writes", statement, params)
-        return verdict, owner
+            statement = _PUT_WRITES_BATCH_RELAXED if relaxed else _PUT_WRITES_BATCH
+        [row] = await self._db.fetch("put_writes", statement, params)
+        return row[0], row[1]
 
     async def _flush_writes(self, key: _WritesKey, waiting: list[_Writes]) -> None:
         """Send the calls waiting for ``key`` in batches until none is left."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import uuid
 from collections.abc import Callable
@@ -35,6 +36,7 @@ __all__ = [
     "anchor_for",
     "idempotency_key_for",
     "random_anchor",
+    "relaxed_commit",
     "task_id_for",
 ]
 
@@ -180,6 +182,31 @@ class _Queued:
     call: Callable[[], Any]
     task_id: str | None
     """Set for a task's pending writes: independent of other tasks' writes queued next to it."""
+    holds_room: bool = False
+    """Whether this call holds one of :data:`ASYNC_AHEAD` slots (released once it is stored)."""
+
+
+ASYNC_AHEAD = 2
+"""In ``async`` durability, how many checkpoints (and other calls that are not a task's pending
+writes) may be queued or in flight at once. A run that computes steps faster than the store
+commits them then waits for room: it stays at most this many steps ahead of the store, which
+bounds the memory queued commits hold and what a crash can lose, and keeps the step time steady
+(an unbounded queue let the first steps run at compute speed and the later ones slow down as
+the backlog's commits competed with them). Pending writes of a step's tasks are not counted: a
+step has a bounded number of tasks, and they are stored together when queued together."""
+
+
+relaxed_commit: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "graphexec_relaxed_commit", default=False
+)
+"""True while the ``async`` committer stores a call. A store may then acknowledge a ``put`` or
+``put_writes`` before its commit is flushed to disk (PostgreSQL: ``synchronous_commit = off``
+for that transaction), as long as it keeps flushing ``put_final``, ``put_writes_final`` and
+``release_lease``: a run's last store is one of those, and flushing it flushes every earlier
+commit of the run, before ``invoke`` returns. A crash of the database server in between can
+lose the unflushed commits (a prefix of the run's history survives, never a gap) -- what
+``async`` durability allows: "a crash can also lose the last committed-in-flight steps". Never
+set in ``sync`` or ``exit`` durability."""
 
 
 class Committer:
@@ -187,6 +214,7 @@ class Committer:
 
     ``sync`` awaits each call; ``async`` runs calls in order in one background task so the next
     step overlaps the commit, and re-raises a failed commit at the next submit, drain or flush.
+    A submit waits while :data:`ASYNC_AHEAD` checkpoints are already queued or in flight.
     Pending writes of different tasks queued back to back are independent of one another, so
     the background task runs such a run of them concurrently (a backend may then store them in
     one statement); checkpoints, and a task's second save, still wait for everything before.
@@ -197,6 +225,7 @@ class Committer:
         self._queue: asyncio.Queue[_Queued | None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
+        self._room: asyncio.Semaphore | None = None
 
     async def submit(self, call: Callable[[], Any], *, writes_of: str | None = None) -> None:
         """Run ``call`` now (sync/exit) or queue it behind earlier ones (async).
@@ -209,12 +238,21 @@ class Committer:
         self._raise_pending()
         if self._queue is None:
             self._queue = asyncio.Queue()
+            self._room = asyncio.Semaphore(ASYNC_AHEAD)
             self._worker = asyncio.create_task(self._work())
-        self._queue.put_nowait(_Queued(call, writes_of))
+        holds_room = writes_of is None
+        if holds_room:
+            assert self._room is not None
+            await self._room.acquire()
+            if self._error is not None:  # a commit failed while this one waited for room
+                self._room.release()
+                self._raise_pending()
+        self._queue.put_nowait(_Queued(call, writes_of, holds_room))
 
     async def _work(self) -> None:
         queue = self._queue
         assert queue is not None
+        relaxed_commit.set(True)  # this task's own context (and the tasks it gathers)
         held: list[_Queued | None] = []  # taken off the queue, not part of the batch: next
         while True:
             item = held.pop() if held else await queue.get()
@@ -246,7 +284,10 @@ class Committer:
             except Exception as e:
                 self._error = e
             finally:
-                for _ in batch:
+                for q in batch:
+                    if q.holds_room:
+                        assert self._room is not None
+                        self._room.release()
                     queue.task_done()
 
     def _raise_pending(self) -> None:

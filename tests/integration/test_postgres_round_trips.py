@@ -104,7 +104,35 @@ async def test_a_chain_run_is_one_round_trip_per_step_plus_two(
         assert len(statements) == 2, statements
 
 
-async def test_an_interrupt_round_trip_is_seven_statements(
+async def test_async_durability_flushes_only_the_last_commit_of_a_run(
+    schema: str, statements: list[str]
+) -> None:
+    """Intermediate commits skip the WAL flush; the last one flushes them all before returning."""
+    async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
+        b = StateGraph(Chain)
+        names = [f"s{i}" for i in range(5)]
+        for name in names:
+            b.add_node(name, _step(name))
+        b.add_sequence(names)
+        b.add_edge(START, names[0])
+        b.add_edge(names[-1], END)
+        graph = b.compile(checkpointer=cp)
+        for durability in ("sync", "exit"):
+            statements.clear()
+            await graph.ainvoke({"n": 0, "log": []}, thread_id=durability, durability=durability)
+            assert not any("synchronous_commit" in q for q in statements), statements
+        statements.clear()
+        out = await graph.ainvoke({"n": 0, "log": []}, thread_id="a", durability="async")
+        assert out == {"n": 5, "log": names}
+        assert len(statements) == 5 + 2, statements
+        relaxed = ["synchronous_commit" in q for q in statements]
+        # lease + read (flushed), the input checkpoint and 4 steps (not), the last (flushed)
+        assert relaxed == [False, *[True] * 5, False], statements
+        got = await cp.get("a")
+        assert got is not None and got.checkpoint.step == 5
+
+
+async def test_an_interrupt_round_trip_is_six_statements(
     schema: str, statements: list[str]
 ) -> None:
     async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from graphexec._tasks import Committer
+from graphexec._tasks import ASYNC_AHEAD, Committer
 
 
 class Recorder:
@@ -86,3 +86,41 @@ async def test_flush_right_after_a_batch_of_writes_stores_them_and_returns() -> 
     await c.submit(rec.call("b"), writes_of="b")
     await asyncio.wait_for(c.flush(), timeout=5)  # the stop marker is not lost behind a batch
     assert sorted(rec.log) == ["end a", "end b", "start a", "start b"]
+
+
+async def test_async_runs_stay_at_most_async_ahead_checkpoints_ahead_of_the_store() -> None:
+    gate = asyncio.Event()
+    started: list[int] = []
+
+    def slow(i: int) -> Callable[[], Any]:
+        async def run() -> None:
+            started.append(i)
+            await gate.wait()
+
+        return run
+
+    c = Committer("async")
+    for i in range(ASYNC_AHEAD):
+        await asyncio.wait_for(c.submit(slow(i)), timeout=5)  # room: returns at once
+    blocked = asyncio.create_task(c.submit(slow(ASYNC_AHEAD)))
+    writes = asyncio.create_task(c.submit(slow(-1), writes_of="t"))  # writes are not counted
+    await asyncio.wait_for(writes, timeout=5)
+    for _ in range(10):  # loop turns: the blocked submit stays blocked
+        await asyncio.sleep(0)
+    assert not blocked.done()  # waits until a checkpoint is stored
+    gate.set()
+    await asyncio.wait_for(blocked, timeout=5)
+    await asyncio.wait_for(c.flush(), timeout=5)
+    assert started == [*range(ASYNC_AHEAD), -1, ASYNC_AHEAD]
+
+
+async def test_a_submit_waiting_for_room_raises_a_failure_found_meanwhile() -> None:
+    rec = Recorder()
+    c = Committer("async")
+    await c.submit(rec.call("cp0", fail=True))
+    for i in range(1, ASYNC_AHEAD):
+        await c.submit(rec.call(f"cp{i}"))
+    with pytest.raises(OSError, match="cp0 failed"):
+        await asyncio.wait_for(c.submit(rec.call("late")), timeout=5)
+    await c.flush()
+    assert "start late" not in rec.log
