@@ -1,7 +1,7 @@
 """The read side both SQL checkpointers share: the same statements, the same decoding.
 
 SQLite and PostgreSQL run the statements of :mod:`checkpointers._sql` (one per read, whatever
-the chain length) and decode them with one :class:`~checkpointers._sql.RowCodec`; they differ
+the chain length) and decode them with one :class:`~checkpointers._rows.RowCodec`; they differ
 only in how a read statement reaches the database, which each supplies as :meth:`_read`.
 """
 
@@ -11,6 +11,7 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from checkpointers import _rows
 from checkpointers import _sql as sql
 from graphexec._checkpoint import Checkpoint, CheckpointTuple, ThreadInfo
 
@@ -26,7 +27,7 @@ class SqlReads:
     :meth:`_key`, keeping the row layout of :mod:`checkpointers._sql`.
     """
 
-    _codec: sql.RowCodec
+    _codec: _rows.RowCodec
     _get_sql: str = sql.GET_CHECKPOINT
     _list_sql: str = sql.LIST_CHECKPOINTS
     _tips_sql: str = sql.LIST_TIPS
@@ -108,10 +109,10 @@ class SqlReads:
         return [
             ThreadInfo(
                 thread_id=thread_id,
-                head_id=sql.id_text(head_id),
+                head_id=_rows.id_text(head_id),
                 step=step,
-                updated_at=sql.from_micros(created_at),
-                next_nodes=sql.json_tuple(next_nodes),
+                updated_at=_rows.from_micros(created_at),
+                next_nodes=_rows.json_tuple(next_nodes),
                 checkpoints=count,
             )
             for thread_id, head_id, step, created_at, next_nodes, count in rows

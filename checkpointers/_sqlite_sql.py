@@ -4,15 +4,15 @@ SQLite stores the same tables as PostgreSQL (:mod:`checkpointers._sql`), with th
 (together a checkpoint row about 40% smaller, and one b-tree less per channel row):
 
 - Ids: ``checkpoint_id`` and ``head_id`` hold a canonical UUID as its 16 bytes, any other id as
-  text (:func:`~._sql.id_key`). SQLite's columns are dynamically typed, so the ``TEXT`` columns
+  text (:func:`~._rows.id_key`). SQLite's columns are dynamically typed, so the ``TEXT`` columns
   hold either; every statement is given ids already mapped, and ids read back are mapped to text
-  (:func:`~._sql.id_text`) before anything else sees them.
+  (:func:`~._rows.id_text`) before anything else sees them.
 - Parents: ``parent_seq`` is the parent's ``cp_seq``, and ``parent_id`` is NULL -- except once
   prune deletes the parent: prune then copies the parent's id into ``parent_id`` and clears
   ``parent_seq`` (:data:`DETACH_PARENT`), so a retained checkpoint still reports its parent.
   Walks along parents (get, list, prune) follow ``parent_seq``: a rowid lookup per step.
 - Graph versions: the engine's 16 hex digits are stored as 8 bytes
-  (:func:`~._sql.version_key`); rows written before schema 19 keep their text. No statement
+  (:func:`~._rows.version_key`); rows written before schema 19 keep their text. No statement
   looks a version up, so both forms may stay.
 - Channel rows: ``row_key``, the table's ``INTEGER PRIMARY KEY``, is ``cp_seq * SLOTS +
   position``, so a checkpoint's rows are one range of the table's own b-tree (there is no
@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from checkpointers import _rows
 from checkpointers import _sql as sql
 
 __all__ = [
@@ -52,7 +53,7 @@ __all__ = [
 
 
 def _id_key(value: Any) -> Any:
-    return sql.id_key(value) if isinstance(value, str) else value
+    return _rows.id_key(value) if isinstance(value, str) else value
 
 
 SLOTS = 1 << 20

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
+from checkpointers import _rows
 from checkpointers import _sql as sql
 from checkpointers._crypto import Encryption
 from checkpointers._pg_db import PostgresDatabase, Session
@@ -379,7 +380,7 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         self._default_ttl = default_ttl
         self._waiting_writes: dict[_WritesKey, list[_Writes]] = {}
         self._flushers: set[asyncio.Task[None]] = set()
-        self._codec = sql.RowCodec(encryption)
+        self._codec = _rows.RowCodec(encryption)
         self._checkpoints_table = self._db.table("graphexec_checkpoints")
 
     @classmethod
@@ -747,7 +748,7 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         if keep_last < 1:
             raise ValueError(f"prune(keep_last={keep_last}): keep at least 1 checkpoint")
         codec = self._codec
-        rebase_rows: list[sql.ChannelRow] = []
+        rebase_rows: list[_rows.ChannelRow] = []
         rebase_bytes = 0
         if rebase is not None:
             rebase_rows = codec.snapshot_rows(thread_id, "", rebase[0], rebase[1])

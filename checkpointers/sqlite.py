@@ -46,6 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
+from checkpointers import _rows
 from checkpointers import _sql as sql
 from checkpointers import _sqlite_sql as lite
 from checkpointers._crypto import Encryption
@@ -74,7 +75,7 @@ _EXPIRE_BATCH = 200
 
 
 def _check_lease(thread_id: str, lease: Lease | None, row: Sequence[Any], now: float) -> None:
-    current = sql.lease_row(row)
+    current = _rows.lease_row(row)
     if lease is not None:
         if lease.thread_id != thread_id:
             raise CheckpointError(
@@ -100,7 +101,7 @@ def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> 
     now = time.time()
     rows = fetch(db, sql.GET_LEASE, {"thread_id": thread_id})
     row = rows[0] if rows else None
-    current = sql.lease_row(row)
+    current = _rows.lease_row(row)
     if current is not None and current[2] > now and current[0] != owner:
         raise ThreadBusyError(
             f"thread {thread_id!r} is owned by run {current[0]!r} until its lease "
@@ -123,11 +124,11 @@ def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> 
 
 
 def _key(checkpoint_id: str | None) -> Any:
-    return None if checkpoint_id is None else sql.id_key(checkpoint_id)
+    return None if checkpoint_id is None else _rows.id_key(checkpoint_id)
 
 
 def _insert_channels(
-    db: sqlite3.Connection, seq: int, rows: Sequence[sql.ChannelRow], start: int = 0
+    db: sqlite3.Connection, seq: int, rows: Sequence[_rows.ChannelRow], start: int = 0
 ) -> None:
     if start + len(rows) > lite.SLOTS:
         raise CheckpointError(
@@ -233,7 +234,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             functions=lite.FUNCTIONS,
         )
         self._default_ttl = default_ttl
-        self._codec = sql.RowCodec(encryption, compact_metadata=True)
+        self._codec = _rows.RowCodec(encryption, compact_metadata=True)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -347,14 +348,14 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         params.update(
             checkpoint_id=_key(cp.checkpoint_id),
             parent_id=_key(cp.parent_id),
-            graph_version=sql.version_key(cp.graph_version),
+            graph_version=_rows.version_key(cp.graph_version),
         )
         default_ttl = self._default_ttl
 
         def body(db: sqlite3.Connection) -> None:
             [check] = fetch(db, sql.PUT_CHECK, params)
             head, owner, epoch, expires, dup, parent_seq, parent_writes, thread, ttl = check
-            head = sql.id_text(head)
+            head = _rows.id_text(head)
             now = time.time()
             _check_lease(cp.thread_id, lease, (owner, epoch, expires), now)
             if head != expected_head:
@@ -490,7 +491,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         if keep_last < 1:
             raise ValueError(f"prune(keep_last={keep_last}): keep at least 1 checkpoint")
         codec = self._codec
-        rebase_rows: list[sql.ChannelRow] = []
+        rebase_rows: list[_rows.ChannelRow] = []
         rebase_bytes = 0
         if rebase is not None:
             rebase_rows = codec.snapshot_rows(thread_id, "", rebase[0], rebase[1])
@@ -504,8 +505,8 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                     {"thread_id": thread_id, "checkpoint_id": _key(rebase[0])},
                 )
                 for seq, metadata, parent, *structure in target:
-                    structure.insert(0, sql.id_text(parent))
-                    structure[3] = sql.version_text(structure[3])  # STRUCTURE's order
+                    structure.insert(0, _rows.id_text(parent))
+                    structure[3] = _rows.version_text(structure[3])  # STRUCTURE's order
                     if structure[-1]:  # has_snapshot: nothing to do
                         continue
                     manifest = fetch(db, lite.CHANNEL_MANIFEST, {"cp_seq": seq})

@@ -48,7 +48,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, Self
 
-from checkpointers._sql import from_micros, to_micros
+from checkpointers._rows import from_micros, to_micros
 from checkpointers._sqlite_db import SqliteDatabase
 from graphexec.errors import MemoryStoreError
 from memory._text import content_tokens

@@ -19,7 +19,7 @@ import aiosqlite
 import pytest
 import sqlite_worker as worker
 
-from checkpointers import SqliteCheckpointer
+from checkpointers import SqliteCheckpointer, _rows
 from checkpointers import _sql as sql
 from checkpointers import _sqlite_sql as lite
 from graphexec import (
@@ -456,7 +456,7 @@ async def test_missing_history_fails_loudly_instead_of_returning_empty_state(
         with raw(db) as conn:
             conn.execute(
                 "DELETE FROM graphexec_checkpoints WHERE checkpoint_id = ?",
-                (sql.id_key(cps[1].checkpoint_id),),
+                (_rows.id_key(cps[1].checkpoint_id),),
             )
         with pytest.raises(CheckpointError, match="is missing"):
             await cp.get("t")

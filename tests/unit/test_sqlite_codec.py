@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from checkpointers import Encryption
 from checkpointers._crypto import ENVELOPE_VERSION, blob_context
-from checkpointers._sql import RowCodec, from_micros, id_key, id_text, to_micros
+from checkpointers._rows import RowCodec, from_micros, id_key, id_text, to_micros
 from graphexec import ChannelDelta, Checkpoint, CheckpointError, DeserializationError
 from graphexec.testing import make_checkpoint
 
