@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-from checkpointers import _rows
+from checkpointers import _pg_sql, _rows
 from checkpointers import _sql as sql
 from checkpointers._crypto import Encryption
 from checkpointers._pg_db import PostgresDatabase, Session
@@ -107,7 +107,7 @@ _PUT = """SELECT * FROM graphexec_put(:thread_id, :checkpoint_ns, :checkpoint_id
         :delta_bytes::bigint, :snapshot_bytes::bigint, :has_snapshot::bigint,
         :default_ttl::float8, :checkpoints_table::text, :release::boolean, :roles::text[],
         :channels::text[], :ops::text[], :datas::bytea[])"""
-"""Checks and commits one checkpoint (see :data:`checkpointers._sql.PG_PUT_FUNCTION`); returns
+"""Checks and commits one checkpoint (see :data:`checkpointers._pg_sql.PG_PUT_FUNCTION`); returns
 ``(verdict, lease owner, head, dup, written)``. With ``:release`` it also releases the lease
 ``:epoch`` once the commit is written (``put_final``)."""
 
@@ -121,7 +121,7 @@ _HEAD = """SELECT head_id FROM graphexec_heads
 _PUT_WRITES = """SELECT * FROM graphexec_put_writes(:thread_id, :checkpoint_ns, :checkpoint_id,
         :epoch::bigint, array_fill(:task_id, ARRAY[cardinality(:channels::text[])]),
         :channels::text[], :datas::bytea[])"""
-"""Checks and saves one task's writes (see :data:`checkpointers._sql.PG_PUT_WRITES_FUNCTION`);
+"""Checks and saves one task's writes (see :data:`checkpointers._pg_sql.PG_PUT_WRITES_FUNCTION`);
 returns ``(verdict, lease owner)``."""
 
 _PUT_WRITES_BATCH = """SELECT * FROM graphexec_put_writes(:thread_id, :checkpoint_ns,
@@ -137,7 +137,7 @@ _PUT_WRITES_FINAL = """SELECT * FROM graphexec_put_writes_final(:thread_id, :che
         :checkpoint_id, :epoch::bigint, array_fill(:task_id, ARRAY[cardinality(:channels::text[])]),
         :channels::text[], :datas::bytea[])"""
 """:data:`_PUT_WRITES`, then (only if the writes were saved) the lease's release, in one
-statement (see :data:`checkpointers._sql.PG_PUT_WRITES_FINAL_FUNCTION`)."""
+statement (see :data:`checkpointers._pg_sql.PG_PUT_WRITES_FINAL_FUNCTION`)."""
 
 _GET = "SELECT * FROM graphexec_get(:thread_id, :checkpoint_ns, :checkpoint_id, :known)"
 """The read of :data:`checkpointers._sql.GET_CHECKPOINT`, planned once per server connection."""
@@ -145,7 +145,7 @@ _GET = "SELECT * FROM graphexec_get(:thread_id, :checkpoint_ns, :checkpoint_id, 
 _ACQUIRE_GET = """SELECT * FROM graphexec_acquire_get(:thread_id, :owner, :ttl::float8,
         :checkpoint_id, :known)"""
 """A run's lease and its first read in one round trip (see
-:data:`checkpointers._sql.PG_ACQUIRE_GET_FUNCTION`)."""
+:data:`checkpointers._pg_sql.PG_ACQUIRE_GET_FUNCTION`)."""
 
 _ACQUIRE = f"""INSERT INTO graphexec_leases AS x (thread_id, owner, epoch, expires_at)
     VALUES (:thread_id, :owner, 1, {_NOW} + :ttl)
@@ -368,7 +368,7 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         self._db = PostgresDatabase(
             dsn,
             owner=f"{type(self).__name__}(schema={schema!r})",
-            migrations=sql.migrations(sql.POSTGRES),
+            migrations=sql.migrations(_pg_sql.POSTGRES),
             version_table=sql.VERSION_TABLE,
             schema=schema,
             pool_min=pool_min,

@@ -12,7 +12,7 @@ from typing import TypedDict
 import pytest
 from pg import admin_connection, fresh_schema, postgres_dsn
 
-from checkpointers import PostgresCheckpointer
+from checkpointers import PostgresCheckpointer, _pg_sql
 from checkpointers import _sql as sql
 from checkpointers._pg_db import PostgresDatabase
 from graphexec import END, START, Command, PendingWrite, StateGraph, ThreadBusyError, interrupt
@@ -38,7 +38,7 @@ class Ask(TypedDict):
 async def test_a_database_of_the_previous_release_upgrades_and_keeps_its_threads(
     schema: str,
 ) -> None:
-    released = sql.migrations(sql.POSTGRES)[:RELEASED]
+    released = sql.migrations(_pg_sql.POSTGRES)[:RELEASED]
     old = PostgresCheckpointer(postgres_dsn(), schema=schema)
     old._db = PostgresDatabase(  # the store as the previous release opened it
         postgres_dsn(),

@@ -19,7 +19,7 @@ import aiosqlite
 import pytest
 import sqlite_worker as worker
 
-from checkpointers import SqliteCheckpointer, _rows
+from checkpointers import SqliteCheckpointer, _pg_sql, _rows
 from checkpointers import _sql as sql
 from checkpointers import _sqlite_sql as lite
 from graphexec import (
@@ -110,7 +110,7 @@ def test_four_processes_opening_a_fresh_file_at_once_migrate_it_once(tmp_path: P
 
 
 def test_migrations_are_valid_for_both_dialect_templates() -> None:
-    for dialect in (sql.SQLITE, sql.POSTGRES):
+    for dialect in (sql.SQLITE, _pg_sql.POSTGRES):
         statements = sql.migrations(dialect)
         assert len(statements) == len(sql.MIGRATIONS)
         assert all("{" not in s for s in statements)
