@@ -74,6 +74,18 @@ def _step(name: str) -> Any:
     return lambda s: {"n": s["n"] + 1, "log": [name]}
 
 
+def _chain(cp: PostgresCheckpointer) -> tuple[Any, list[str]]:
+    """A chain of 5 step nodes, compiled with ``cp``, and its node names."""
+    b = StateGraph(Chain)
+    names = [f"s{i}" for i in range(5)]
+    for name in names:
+        b.add_node(name, _step(name))
+    b.add_sequence(names)
+    b.add_edge(START, names[0])
+    b.add_edge(names[-1], END)
+    return b.compile(checkpointer=cp), names
+
+
 # -- runs ---------------------------------------------------------------------------------------
 
 
@@ -81,14 +93,7 @@ async def test_a_chain_run_is_one_round_trip_per_step_plus_two(
     schema: str, statements: list[str]
 ) -> None:
     async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
-        b = StateGraph(Chain)
-        names = [f"s{i}" for i in range(5)]
-        for name in names:
-            b.add_node(name, _step(name))
-        b.add_sequence(names)
-        b.add_edge(START, names[0])
-        b.add_edge(names[-1], END)
-        graph = b.compile(checkpointer=cp)
+        graph, names = _chain(cp)
         statements.clear()
         out = await graph.ainvoke({"n": 0, "log": []}, thread_id="t")
         assert out == {"n": 5, "log": names}
@@ -109,14 +114,7 @@ async def test_async_durability_flushes_only_the_last_commit_of_a_run(
 ) -> None:
     """Intermediate commits skip the WAL flush; the last one flushes them all before returning."""
     async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
-        b = StateGraph(Chain)
-        names = [f"s{i}" for i in range(5)]
-        for name in names:
-            b.add_node(name, _step(name))
-        b.add_sequence(names)
-        b.add_edge(START, names[0])
-        b.add_edge(names[-1], END)
-        graph = b.compile(checkpointer=cp)
+        graph, names = _chain(cp)
         for durability in ("sync", "exit"):
             statements.clear()
             await graph.ainvoke({"n": 0, "log": []}, thread_id=durability, durability=durability)
