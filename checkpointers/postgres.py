@@ -111,7 +111,15 @@ _PUT = """SELECT * FROM graphexec_put(:thread_id, :checkpoint_ns, :checkpoint_id
 ``(verdict, lease owner, head, dup, written)``. With ``:release`` it also releases the lease
 ``:epoch`` once the commit is written (``put_final``)."""
 
-_PUT_RELAXED = _PUT.replace("SELECT * FROM", f"SELECT *, {_NO_FLUSH} FROM", 1)
+
+def _relaxed(statement: str) -> str:
+    """``statement`` (a ``SELECT * FROM`` a function) acknowledged before its commit is flushed."""
+    if not statement.startswith("SELECT * FROM "):
+        raise ValueError(f"not a function call: {statement[:40]!r}")
+    return statement.replace("SELECT * FROM", f"SELECT *, {_NO_FLUSH} FROM", 1)
+
+
+_PUT_RELAXED = _relaxed(_PUT)
 """:data:`_PUT` acknowledged before its commit is flushed (``async`` durability only; see
 :meth:`PostgresCheckpointer.put`)."""
 
@@ -128,10 +136,8 @@ _PUT_WRITES_BATCH = """SELECT * FROM graphexec_put_writes(:thread_id, :checkpoin
         :checkpoint_id, :epoch::bigint, :task_ids::text[], :channels::text[], :datas::bytea[])"""
 """Like :data:`_PUT_WRITES` for the writes of several tasks (``:task_ids``: one per write)."""
 
-_PUT_WRITES_RELAXED = _PUT_WRITES.replace("SELECT * FROM", f"SELECT *, {_NO_FLUSH} FROM", 1)
-_PUT_WRITES_BATCH_RELAXED = _PUT_WRITES_BATCH.replace(
-    "SELECT * FROM", f"SELECT *, {_NO_FLUSH} FROM", 1
-)
+_PUT_WRITES_RELAXED = _relaxed(_PUT_WRITES)
+_PUT_WRITES_BATCH_RELAXED = _relaxed(_PUT_WRITES_BATCH)
 
 _PUT_WRITES_FINAL = """SELECT * FROM graphexec_put_writes_final(:thread_id, :checkpoint_ns,
         :checkpoint_id, :epoch::bigint, array_fill(:task_id, ARRAY[cardinality(:channels::text[])]),
