@@ -90,6 +90,8 @@ class Dialect:
             statement that does nothing.
         put_writes_final_function: :data:`~._pg_sql.PG_PUT_WRITES_FINAL_FUNCTION`
             (PostgreSQL), or a statement that does nothing.
+        acquire_put_function: :data:`~._pg_sql.PG_ACQUIRE_PUT_FUNCTION` (PostgreSQL), or a
+            statement that does nothing.
     """
 
     name: str
@@ -105,6 +107,7 @@ class Dialect:
     put_writes_function: str = "SELECT 1"
     acquire_get_function_2: str = "SELECT 1"
     put_writes_final_function: str = "SELECT 1"
+    acquire_put_function: str = "SELECT 1"
 
 
 SQLITE = Dialect(
@@ -260,6 +263,8 @@ MIGRATIONS: tuple[str | OnlyOn, ...] = (
     # 24-25: PostgreSQL: run starts skip the read of a new thread; a run's pause as a function
     "{acquire_get_function_2}",
     "{put_writes_final_function}",
+    # 26: PostgreSQL: a run on a new thread takes its lease and commits its input at once
+    "{acquire_put_function}",
 )
 """Schema migrations in order; a database at version ``v`` has applied ``MIGRATIONS[:v + 1]``.
 
@@ -285,6 +290,7 @@ def migrations(dialect: Dialect) -> list[str]:
         "put_writes_function": dialect.put_writes_function,
         "acquire_get_function_2": dialect.acquire_get_function_2,
         "put_writes_final_function": dialect.put_writes_final_function,
+        "acquire_put_function": dialect.acquire_put_function,
     }
     return [
         m.format(**names)

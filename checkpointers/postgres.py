@@ -17,10 +17,13 @@ Commits are single statements:
   and concurrent calls for the same step share one: the tasks of a fan-out that finish while a
   save is in flight are saved together by the next statement (group commit).
 - A run starts with one statement as well: ``acquire_lease_and_get`` takes the lease and reads
-  the thread in the same transaction.
+  the thread in the same transaction. On a thread the engine believes new,
+  ``acquire_lease_and_put`` also commits the run's input checkpoint in that statement (when
+  the thread has a checkpoint after all, it returns the read instead and writes nothing else).
 
 The statements a run repeats are server-side PL/pgSQL functions (``graphexec_put``,
-``graphexec_put_writes``, ``graphexec_get``, ``graphexec_acquire_get``; see
+``graphexec_put_writes``, ``graphexec_get``, ``graphexec_acquire_get``,
+``graphexec_acquire_put``; see
 :mod:`checkpointers._sql`). PostgreSQL keeps a function's plans for the life of the server
 connection, so they are planned once per connection rather than per call -- the gain of prepared
 statements, without client-side prepared statements, so transaction-mode poolers work too.
@@ -153,6 +156,15 @@ _ACQUIRE_GET = """SELECT * FROM graphexec_acquire_get(:thread_id, :owner, :ttl::
 """A run's lease and its first read in one round trip (see
 :data:`checkpointers._pg_sql.PG_ACQUIRE_GET_FUNCTION`)."""
 
+_ACQUIRE_PUT = """SELECT * FROM graphexec_acquire_put(:owner, :ttl::float8, :known,
+        :thread_id, :checkpoint_id, :step::bigint, :source, :created_at::bigint,
+        :graph_version, :next_nodes, :frontier::bytea, :metadata::bytea, :delta_depth::bigint,
+        :delta_bytes::bigint, :snapshot_bytes::bigint, :has_snapshot::bigint,
+        :default_ttl::float8, :checkpoints_table::text, :roles::text[], :channels::text[],
+        :ops::text[], :datas::bytea[])"""
+"""A run's lease and its first checkpoint on a new thread in one round trip (see
+:data:`checkpointers._pg_sql.PG_ACQUIRE_PUT_FUNCTION`)."""
+
 _ACQUIRE = f"""INSERT INTO graphexec_leases AS x (thread_id, owner, epoch, expires_at)
     VALUES (:thread_id, :owner, 1, {_NOW} + :ttl)
     ON CONFLICT (thread_id) DO UPDATE
@@ -266,6 +278,52 @@ def _lease_error(verdict: str, thread_id: str, lease: Lease | None, owner: Any) 
         thread_id=thread_id,
         owner=None if owner is None else str(owner),
     )
+
+
+def _put_error(
+    verdict: str,
+    cp: Checkpoint,
+    expected_head: str | None,
+    lease: Lease | None,
+    owner: Any,
+    head: Any,
+) -> CheckpointError:
+    """The error for a ``graphexec_put`` verdict other than NULL (written)."""
+    if verdict in ("lease_lost", "busy"):
+        return _lease_error(verdict, cp.thread_id, lease, owner)
+    if verdict == "conflict":
+        return CheckpointConflictError(
+            f"thread {cp.thread_id!r}: expected head {expected_head!r} but the head is "
+            f"{head!r}; another run committed first. Reload the thread and retry.",
+            thread_id=cp.thread_id,
+            expected_head=expected_head,
+            actual_head=head,
+        )
+    if verdict == "duplicate":
+        return CheckpointError(
+            f"thread {cp.thread_id!r}: checkpoint {cp.checkpoint_id!r} already exists"
+        )
+    return CheckpointError(
+        f"thread {cp.thread_id!r}: parent checkpoint {cp.parent_id!r} does not exist"
+    )
+
+
+def _started_lease(rows: Sequence[tuple[Any, ...]], thread_id: str, owner: str) -> Lease:
+    """The lease a run start took, from the first row ``graphexec_acquire_get`` returns."""
+    if not rows:
+        raise StorageError(
+            f"acquire_lease({thread_id!r}): the lease changed hands {_ACQUIRE_TRIES} times "
+            "while it was being taken; retry"
+        )
+    first = rows[0]
+    if first[0] == "busy":
+        raise ThreadBusyError(
+            f"thread {thread_id!r} is owned by run {first[3]!r} until its lease "
+            "expires; retry later or pass on_busy='wait'",
+            thread_id=thread_id,
+            owner=first[3],
+        )
+    return Lease(thread_id, owner, int(first[1]), float(first[17]))
 
 
 def _check_lease_thread(thread_id: str, lease: Lease | None) -> None:
@@ -487,6 +545,24 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         """See :meth:`BaseCheckpointer.put_final`. The same single statement as :meth:`put`."""
         await self._put(checkpoint, expected_head, lease, release=True)
 
+    def _put_params(self, cp: Checkpoint) -> dict[str, Any]:
+        """The parameters of ``graphexec_put`` that come from the checkpoint itself."""
+        if cp.parent_id is None and cp.snapshot is None:
+            raise CheckpointError(
+                f"thread {cp.thread_id!r}: checkpoint {cp.checkpoint_id!r} has no parent, so it "
+                "must carry a snapshot"
+            )
+        params, rows = self._codec.encode(cp)
+        params.update(
+            default_ttl=self._default_ttl,
+            checkpoints_table=self._checkpoints_table,
+            roles=[r[0] for r in rows],
+            channels=[r[1] for r in rows],
+            ops=[r[2] for r in rows],
+            datas=[r[3] for r in rows],
+        )
+        return params
+
     async def _put(
         self,
         checkpoint: Checkpoint,
@@ -496,23 +572,12 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         release: bool,
     ) -> None:
         cp = checkpoint
-        if cp.parent_id is None and cp.snapshot is None:
-            raise CheckpointError(
-                f"thread {cp.thread_id!r}: checkpoint {cp.checkpoint_id!r} has no parent, so it "
-                "must carry a snapshot"
-            )
         _check_lease_thread(cp.thread_id, lease)
-        params, rows = self._codec.encode(cp)
+        params = self._put_params(cp)
         params.update(
             expected_head=expected_head,
             epoch=None if lease is None else lease.epoch,
             release=release and lease is not None,
-            default_ttl=self._default_ttl,
-            checkpoints_table=self._checkpoints_table,
-            roles=[r[0] for r in rows],
-            channels=[r[1] for r in rows],
-            ops=[r[2] for r in rows],
-            datas=[r[3] for r in rows],
         )
 
         statement = _PUT_RELAXED if not release and relaxed_commit.get() else _PUT
@@ -532,23 +597,7 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
             return
         if attempt > 1 and dup:
             return  # the try whose connection broke did commit: this checkpoint is ours
-        if verdict in ("lease_lost", "busy"):
-            raise _lease_error(verdict, cp.thread_id, lease, owner)
-        if verdict == "conflict":
-            raise CheckpointConflictError(
-                f"thread {cp.thread_id!r}: expected head {expected_head!r} but the head is "
-                f"{head!r}; another run committed first. Reload the thread and retry.",
-                thread_id=cp.thread_id,
-                expected_head=expected_head,
-                actual_head=head,
-            )
-        if verdict == "duplicate":
-            raise CheckpointError(
-                f"thread {cp.thread_id!r}: checkpoint {cp.checkpoint_id!r} already exists"
-            )
-        raise CheckpointError(
-            f"thread {cp.thread_id!r}: parent checkpoint {cp.parent_id!r} does not exist"
-        )
+        raise _put_error(verdict, cp, expected_head, lease, owner, head)
 
     async def put_writes(
         self,
@@ -901,26 +950,51 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
                 "known": known,
             },
         )
-        if not rows:
-            raise StorageError(
-                f"acquire_lease({thread_id!r}): the lease changed hands {_ACQUIRE_TRIES} times "
-                "while it was being taken; retry"
-            )
-        first = rows[0]
-        if first[0] == "busy":
-            raise ThreadBusyError(
-                f"thread {thread_id!r} is owned by run {first[3]!r} until its lease "
-                "expires; retry later or pass on_busy='wait'",
-                thread_id=thread_id,
-                owner=first[3],
-            )
-        lease = Lease(thread_id, owner, int(first[1]), float(first[17]))
+        lease = _started_lease(rows, thread_id, owner)
         try:
             tup = self._codec.checkpoint_tuple(thread_id, "", rows[1:], known)
         except BaseException:
             await self.release_lease(lease)
             raise
         return lease, tup
+
+    async def acquire_lease_and_put(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        expected_head: str | None,
+        owner: str,
+        ttl: float,
+        known: str | None = None,
+    ) -> tuple[Lease, CheckpointTuple | None, bool]:
+        """See :meth:`BaseCheckpointer.acquire_lease_and_put`.
+
+        On a thread expected to be new (``expected_head=None``, the run starts the engine makes
+        this way): one statement, one round trip. Otherwise the default's calls.
+        """
+        cp = checkpoint
+        if cp.checkpoint_ns != "" or expected_head is not None or cp.parent_id is not None:
+            return await super().acquire_lease_and_put(
+                cp, expected_head=expected_head, owner=owner, ttl=ttl, known=known
+            )
+        params = self._put_params(cp)
+        params.update(owner=owner, ttl=float(ttl), known=known)
+        rows = await self._db.fetch("acquire_lease", _ACQUIRE_PUT, params)
+        lease = _started_lease(rows, cp.thread_id, owner)
+        try:
+            if len(rows) == 2 and rows[1][0] == "put":
+                verdict, written = rows[1][3], rows[1][1]
+                if verdict is None and written:
+                    return lease, None, True
+                raise _put_error(verdict or "conflict", cp, None, lease, None, None)
+            tup = self._codec.checkpoint_tuple(cp.thread_id, "", rows[1:], known)
+        except BaseException:
+            await self.release_lease(lease)
+            raise
+        if tup is not None and tup.checkpoint.checkpoint_id == cp.checkpoint_id:
+            # A retry after a lost reply: the try that broke did commit, and it was this one.
+            return lease, None, True
+        return lease, tup, False
 
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
         """See :meth:`BaseCheckpointer.renew_lease`."""

@@ -21,7 +21,9 @@ and :meth:`SqliteCheckpointer.aclose` closes them all. A write transaction is se
 writer connection's thread and runs there from ``BEGIN IMMEDIATE`` to ``COMMIT``, so concurrent
 coroutines can never interleave statements inside one another's transactions (and a cancelled
 caller cannot leave one half done); reads are single statements on the reader connection and
-never queue behind writes.
+never queue behind writes. A run starts with one transaction that takes the thread's lease and
+reads its head (``acquire_lease_and_get``), or, on a thread the engine believes new, takes the
+lease and commits the input checkpoint (``acquire_lease_and_put``).
 
 Upgrades: the first open by a newer graphexec migrates the file in one transaction (other
 processes opening it meanwhile wait for it); a graphexec older than the file's schema refuses
@@ -38,6 +40,7 @@ process uses it (for example ``sqlite3 runs.db 'VACUUM'``); it rewrites the whol
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import time
@@ -125,6 +128,54 @@ def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> 
 
 def _key(checkpoint_id: str | None) -> Any:
     return None if checkpoint_id is None else _rows.id_key(checkpoint_id)
+
+
+def _store_checkpoint(
+    db: sqlite3.Connection,
+    check: tuple[Any, ...],
+    *,
+    cp: Checkpoint,
+    params: dict[str, Any],
+    rows: Sequence[_rows.ChannelRow],
+    expected_head: str | None,
+    lease: Lease | None,
+    release: bool,
+    default_ttl: float | None,
+) -> None:
+    """The body of a put, given the row ``sql.PUT_CHECK`` read in the same transaction."""
+    head, owner, epoch, expires, dup, parent_seq, parent_writes, thread, ttl = check
+    head = _rows.id_text(head)
+    now = time.time()
+    _check_lease(cp.thread_id, lease, (owner, epoch, expires), now)
+    if head != expected_head:
+        raise CheckpointConflictError(
+            f"thread {cp.thread_id!r}: expected head {expected_head!r} but the head is "
+            f"{head!r}; another run committed first. Reload the thread and retry.",
+            thread_id=cp.thread_id,
+            expected_head=expected_head,
+            actual_head=head,
+        )
+    if dup is not None:
+        raise CheckpointError(
+            f"thread {cp.thread_id!r}: checkpoint {cp.checkpoint_id!r} already exists"
+        )
+    if cp.parent_id is not None and parent_seq is None:
+        raise CheckpointError(
+            f"thread {cp.thread_id!r}: parent checkpoint {cp.parent_id!r} does not exist"
+        )
+    [(seq,)] = fetch(db, lite.INSERT_CHECKPOINT, {**params, "parent_seq": parent_seq})
+    _insert_channels(db, seq, rows)
+    fetch(db, sql.MOVE_HEAD, {**params, "cp_seq": seq})
+    if parent_writes:
+        fetch(db, sql.DELETE_WRITES_OF, {"cp_seq": parent_seq})
+    key = {"thread_id": cp.thread_id, "now": now}
+    if thread is not None:
+        if ttl is not None:
+            fetch(db, sql.TOUCH_THREAD, key)
+    elif default_ttl is not None:
+        fetch(db, sql.NEW_THREAD_TTL, {**key, "ttl": default_ttl})
+    if release and lease is not None:
+        fetch(db, sql.RELEASE_LEASE, {"thread_id": lease.thread_id, "epoch": lease.epoch})
 
 
 def _insert_channels(
@@ -330,15 +381,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         """See :meth:`BaseCheckpointer.put_final`. One transaction, the lease release included."""
         await self._put(checkpoint, expected_head, lease, release=True)
 
-    async def _put(
-        self,
-        checkpoint: Checkpoint,
-        expected_head: str | None,
-        lease: Lease | None,
-        *,
-        release: bool,
-    ) -> None:
-        cp = checkpoint
+    def _encode_put(self, cp: Checkpoint) -> tuple[dict[str, Any], list[_rows.ChannelRow]]:
         if cp.parent_id is None and cp.snapshot is None:
             raise CheckpointError(
                 f"thread {cp.thread_id!r}: checkpoint {cp.checkpoint_id!r} has no parent, so it "
@@ -350,43 +393,31 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             parent_id=_key(cp.parent_id),
             graph_version=_rows.version_key(cp.graph_version),
         )
-        default_ttl = self._default_ttl
+        return params, rows
+
+    async def _put(
+        self,
+        checkpoint: Checkpoint,
+        expected_head: str | None,
+        lease: Lease | None,
+        *,
+        release: bool,
+    ) -> None:
+        params, rows = self._encode_put(checkpoint)
+        store = functools.partial(
+            _store_checkpoint,
+            cp=checkpoint,
+            params=params,
+            rows=rows,
+            expected_head=expected_head,
+            lease=lease,
+            release=release,
+            default_ttl=self._default_ttl,
+        )
 
         def body(db: sqlite3.Connection) -> None:
             [check] = fetch(db, sql.PUT_CHECK, params)
-            head, owner, epoch, expires, dup, parent_seq, parent_writes, thread, ttl = check
-            head = _rows.id_text(head)
-            now = time.time()
-            _check_lease(cp.thread_id, lease, (owner, epoch, expires), now)
-            if head != expected_head:
-                raise CheckpointConflictError(
-                    f"thread {cp.thread_id!r}: expected head {expected_head!r} but the head is "
-                    f"{head!r}; another run committed first. Reload the thread and retry.",
-                    thread_id=cp.thread_id,
-                    expected_head=expected_head,
-                    actual_head=head,
-                )
-            if dup is not None:
-                raise CheckpointError(
-                    f"thread {cp.thread_id!r}: checkpoint {cp.checkpoint_id!r} already exists"
-                )
-            if cp.parent_id is not None and parent_seq is None:
-                raise CheckpointError(
-                    f"thread {cp.thread_id!r}: parent checkpoint {cp.parent_id!r} does not exist"
-                )
-            [(seq,)] = fetch(db, lite.INSERT_CHECKPOINT, {**params, "parent_seq": parent_seq})
-            _insert_channels(db, seq, rows)
-            fetch(db, sql.MOVE_HEAD, {**params, "cp_seq": seq})
-            if parent_writes:
-                fetch(db, sql.DELETE_WRITES_OF, {"cp_seq": parent_seq})
-            key = {"thread_id": cp.thread_id, "now": now}
-            if thread is not None:
-                if ttl is not None:
-                    fetch(db, sql.TOUCH_THREAD, key)
-            elif default_ttl is not None:
-                fetch(db, sql.NEW_THREAD_TTL, {**key, "ttl": default_ttl})
-            if release and lease is not None:
-                fetch(db, sql.RELEASE_LEASE, {"thread_id": lease.thread_id, "epoch": lease.epoch})
+            store(db, check)
 
         await self._db.write("put", body)
 
@@ -619,6 +650,51 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             lease = _acquire(db, thread_id, owner, ttl)
             rows = fetch(db, lite.GET_CHECKPOINT, params)
             return lease, codec.checkpoint_tuple(thread_id, "", rows, known)
+
+        return await self._db.write("acquire_lease", body)
+
+    async def acquire_lease_and_put(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        expected_head: str | None,
+        owner: str,
+        ttl: float,
+        known: str | None = None,
+    ) -> tuple[Lease, CheckpointTuple | None, bool]:
+        """See :meth:`BaseCheckpointer.acquire_lease_and_put`. One transaction."""
+        cp = checkpoint
+        if cp.checkpoint_ns != "":
+            raise ValueError(
+                f"thread {cp.thread_id!r}: acquire_lease_and_put() starts root runs; checkpoint "
+                f"{cp.checkpoint_id!r} is in namespace {cp.checkpoint_ns!r}"
+            )
+        params, rows = self._encode_put(cp)
+        codec = self._codec
+        read = {
+            "thread_id": cp.thread_id,
+            "checkpoint_ns": "",
+            "checkpoint_id": None,
+            "known": _key(known),
+        }
+        store = functools.partial(
+            _store_checkpoint,
+            cp=cp,
+            params=params,
+            rows=rows,
+            expected_head=expected_head,
+            release=False,
+            default_ttl=self._default_ttl,
+        )
+
+        def body(db: sqlite3.Connection) -> tuple[Lease, CheckpointTuple | None, bool]:
+            lease = _acquire(db, cp.thread_id, owner, ttl)
+            [check] = fetch(db, sql.PUT_CHECK, params)
+            if _rows.id_text(check[0]) != expected_head:
+                rows = fetch(db, lite.GET_CHECKPOINT, read)
+                return lease, codec.checkpoint_tuple(cp.thread_id, "", rows, known), False
+            store(db, check, lease=lease)
+            return lease, None, True
 
         return await self._db.write("acquire_lease", body)
 

@@ -484,6 +484,47 @@ class BaseCheckpointer(ABC):
             raise
         return lease, tup
 
+    async def acquire_lease_and_put(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        expected_head: str | None,
+        owner: str,
+        ttl: float,
+        known: str | None = None,
+    ) -> tuple[Lease, CheckpointTuple | None, bool]:
+        """Start a run and commit its first checkpoint at once, if the thread is as expected.
+
+        Takes the lease of ``checkpoint.thread_id`` like :meth:`acquire_lease`. Then, if the
+        head of the root namespace is ``expected_head`` (``None``: the thread has no checkpoint
+        yet), puts ``checkpoint`` under that lease (as :meth:`put` does) and returns
+        ``(lease, None, True)``. Otherwise nothing is written but the lease, and the result is
+        ``(lease, head, False)`` with the head read as :meth:`acquire_lease_and_get` reads it
+        (``known`` as there). The engine uses this to start a run on a thread it believes new
+        without a separate round trip for the lease; when the guess is wrong, it carries on
+        from the returned head as if it had called :meth:`acquire_lease_and_get`.
+
+        If this raises, no lease is held. A put that fails after the lease was taken may
+        leave its outcome unknown (a lost connection), exactly like a failed :meth:`put`.
+        Backends override this to do everything in one transaction; the default makes the
+        calls one after another.
+        """
+        thread_id = checkpoint.thread_id
+        if checkpoint.checkpoint_ns != "":
+            raise ValueError(
+                f"thread {thread_id!r}: acquire_lease_and_put() starts root runs; checkpoint "
+                f"{checkpoint.checkpoint_id!r} is in namespace {checkpoint.checkpoint_ns!r}"
+            )
+        lease, tup = await self.acquire_lease_and_get(thread_id, owner=owner, ttl=ttl, known=known)
+        if (None if tup is None else tup.checkpoint.checkpoint_id) != expected_head:
+            return lease, tup, False
+        try:
+            await self.put(checkpoint, expected_head=expected_head, lease=lease)
+        except BaseException:
+            await self.release_lease(lease)
+            raise
+        return lease, None, True
+
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
         """Extend a held lease; raises :class:`~graphexec.errors.LeaseLostError` if lost."""
         raise NotSupportedError(f"{type(self).__name__} does not support leases")

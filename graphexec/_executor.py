@@ -209,6 +209,49 @@ class Run(TaskRunner):
 
     async def start(self, input: Any, tup: CheckpointTuple | None) -> None:
         """Apply new input (or a ``Command``) as this thread's next checkpoint."""
+        deltas, frontier, metadata = await self._input_step(input, tup)
+        self.emitter.emit("values", dict(self.values))
+        await self._commit("input", deltas, frontier, metadata)
+
+    async def prepare_new_thread(self, input: Any) -> Checkpoint:
+        """Apply ``input`` to a thread believed new; return the checkpoint, not yet stored.
+
+        Writes nothing and emits nothing: :meth:`commit_new_thread` stores it. If the guess is
+        wrong (the thread has a checkpoint), this ``Run`` must be dropped: its values were
+        computed for an empty thread.
+        """
+        assert self.cp is not None and self.thread_id is not None
+        assert self.durability != "exit" and self.lease is None
+        deltas, frontier, metadata = await self._input_step(input, None)
+        cp = self._stage("input", deltas, frontier, metadata)
+        assert cp is not None
+        return cp
+
+    async def commit_new_thread(
+        self, cp: Checkpoint, *, ttl: float
+    ) -> tuple[Lease, CheckpointTuple | None, bool]:
+        """Take the run's lease and store ``cp`` (from :meth:`prepare_new_thread`) at once.
+
+        One storage call (:meth:`~graphexec.BaseCheckpointer.acquire_lease_and_put`) instead
+        of a lease call then a put. Returns its answer; when the thread turned out to have a
+        checkpoint, nothing but the lease was written and the caller carries on from the
+        returned head with a new ``Run``.
+        """
+        assert self.cp is not None
+        lease, tup, committed = await self.cp.acquire_lease_and_put(
+            cp, expected_head=None, owner=self.run_id, ttl=ttl
+        )
+        if committed:
+            self.lease = lease
+            self.emitter.emit("values", dict(self.values))
+            self._adopt(cp)
+            self._emit_checkpoint(cp)
+        return lease, tup, committed
+
+    async def _input_step(
+        self, input: Any, tup: CheckpointTuple | None
+    ) -> tuple[dict[str, ChannelDelta], Frontier, dict[str, Any]]:
+        """Apply the input to the values; return what its checkpoint stores."""
         if tup is None:
             self.values = self.schema.initial_values()
         if isinstance(input, Command):
@@ -225,8 +268,7 @@ class Run(TaskRunner):
             sources[0].routes = await self._branch_routes(START, self.values, None)
         frontier = self._next_frontier(sources, Frontier())
         self.anchor = self._input_anchor(tup, writes, sources[0].routes)
-        self.emitter.emit("values", dict(self.values))
-        await self._commit("input", deltas, frontier, {"writes": {"__input__": _keys(writes)}})
+        return deltas, frontier, {"writes": {"__input__": _keys(writes)}}
 
     def _input_anchor(
         self,
@@ -594,6 +636,36 @@ class Run(TaskRunner):
         frontier: Frontier,
         metadata: dict[str, Any],
     ) -> None:
+        cp = self._stage(source, deltas, frontier, metadata)
+        if cp is None:
+            return
+        expected = self.head
+        self._adopt(cp)
+        store, lease = self.cp, self.lease
+        assert store is not None
+        if lease is not None and self._owns_lease and not self.frontier.tasks:
+            # The run's last commit: release the lease in the same transaction.
+            async def final() -> None:
+                await store.put_final(cp, expected_head=expected, lease=lease)
+                self.lease_released = True
+
+            await self.committer.submit(final)
+        else:
+            await self.committer.submit(lambda: store.put(cp, expected_head=expected, lease=lease))
+        self._emit_checkpoint(cp)
+
+    def _stage(
+        self,
+        source: str,
+        deltas: dict[str, ChannelDelta],
+        frontier: Frontier,
+        metadata: dict[str, Any],
+    ) -> Checkpoint | None:
+        """Advance the run to its next checkpoint; return that checkpoint if it is stored now.
+
+        ``None`` without a checkpointer, and in ``exit`` durability (which stores what it
+        staged later, in :meth:`_flush_exit`).
+        """
         checkpoint_id = new_checkpoint_id()
         self.step += 1
         frontier.tasks = [
@@ -611,7 +683,7 @@ class Run(TaskRunner):
         self.records = {}
         if self.cp is None:
             self.head = checkpoint_id
-            return
+            return None
         if self.durability == "exit":
             if self._exit_pending is None:
                 self._exit_parent = self.last
@@ -622,27 +694,21 @@ class Run(TaskRunner):
                     None if d.op == "set" or prev is None else [*prev, *d.blobs]
                 )
             self._exit_pending = (checkpoint_id, source, metadata)
-            return
-        cp = self._build(checkpoint_id, source, deltas, frontier, metadata, self.last)
-        self.graph.values_cache.put(cp.thread_id, self.ns, checkpoint_id, self.values)
-        expected = self.head
-        self.head = checkpoint_id
-        self.last = cp
-        store, lease = self.cp, self.lease
-        if lease is not None and self._owns_lease and not frontier.tasks:
-            # The run's last commit: release the lease in the same transaction.
-            async def final() -> None:
-                await store.put_final(cp, expected_head=expected, lease=lease)
-                self.lease_released = True
+            return None
+        return self._build(checkpoint_id, source, deltas, frontier, metadata, self.last)
 
-            await self.committer.submit(final)
-        else:
-            await self.committer.submit(lambda: store.put(cp, expected_head=expected, lease=lease))
+    def _adopt(self, cp: Checkpoint) -> None:
+        """Make ``cp`` (stored, or queued to be) the run's head."""
+        self.graph.values_cache.put(cp.thread_id, self.ns, cp.checkpoint_id, self.values)
+        self.head = cp.checkpoint_id
+        self.last = cp
+
+    def _emit_checkpoint(self, cp: Checkpoint) -> None:
         self.emitter.emit(
             "events",
             {
                 "event": "checkpoint",
-                "checkpoint_id": checkpoint_id,
+                "checkpoint_id": cp.checkpoint_id,
                 "step": cp.step,
                 "next": list(cp.next_nodes),
                 "ns": self.ns,

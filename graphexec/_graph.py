@@ -171,6 +171,56 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
+    def _may_start_new_thread(
+        self, input: Any, thread_id: str | None, checkpoint_id: str | None, durability: str
+    ) -> bool:
+        """Whether to start with :meth:`_start_new_thread` rather than the usual lease + read.
+
+        For new input (not a resume, not a ``RunState``) at the head of a thread this process
+        holds no values of (most likely a new thread), in a durability mode that commits the
+        input at once, when no routing function runs at START (it would run a second time if
+        the thread turns out to exist). And only with a backend that does it in one call:
+        with the default (a lease call, then a put) nothing is saved, and under ``async``
+        durability the input's put would wait for its commit instead of overlapping the steps.
+        """
+        store = self.checkpointer
+        return (
+            thread_id is not None
+            and store is not None
+            and type(store).acquire_lease_and_put is not BaseCheckpointer.acquire_lease_and_put
+            and checkpoint_id is None
+            and durability != "exit"
+            and input is not None
+            and not isinstance(input, RunState)
+            and not (isinstance(input, Command) and input.resume is not None)
+            and not self.spec.branches.get(START)
+            and self.values_cache.get(thread_id, "") is None
+        )
+
+    async def _start_new_thread(
+        self, run: Run, input: Any
+    ) -> tuple[Run | None, Lease | None, Prefetched | None]:
+        """Take the lease and commit the input of a thread believed new, in one storage call.
+
+        Returns ``(run, lease, None)`` when the input is committed (``run`` goes on with the
+        steps), ``(None, lease, prefetched)`` when the thread already had a checkpoint (start
+        as usual from that head, lease held), and ``(None, None, None)`` when the usual start
+        must decide: the input was refused (applied again there, it raises there, where such
+        errors always surface), the thread is busy (``on_busy`` applies there), or the
+        checkpointer has no leases.
+        """
+        try:
+            cp = await run.prepare_new_thread(input)
+        except Exception:
+            return None, None, None
+        try:
+            lease, tup, committed = await run.commit_new_thread(cp, ttl=self.lease_ttl)
+        except (ThreadBusyError, NotSupportedError):
+            return None, None, None
+        if committed:
+            return run, lease, None
+        return None, lease, (tup, None)
+
     # -- running ----------------------------------------------------------------------------
 
     async def _execute(
@@ -193,58 +243,37 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
         if limit < 1:
             raise GraphExecError(f"recursion_limit must be >= 1, got {limit}")
         run_id = uuid.uuid4().hex
-        lease, prefetched = await self._acquire(thread_id, run_id, on_busy, checkpoint_id)
+
+        def new_run(lease: Lease | None) -> Run:
+            return Run(
+                self,
+                thread_id=thread_id,
+                run_id=run_id,
+                durability=durability,
+                recursion_limit=limit,
+                emitter=emitter,
+                lease=lease,
+                metadata=metadata,
+            )
+
+        run: Run | None = None
+        lease: Lease | None = None
+        prefetched: Prefetched | None = None
+        if self._may_start_new_thread(input, thread_id, checkpoint_id, durability):
+            run, lease, prefetched = await self._start_new_thread(new_run(None), input)
+        if lease is None:
+            lease, prefetched = await self._acquire(thread_id, run_id, on_busy, checkpoint_id)
         beat = None if lease is None else Heartbeat(self._store(), lease, self.lease_ttl)
-        run = Run(
-            self,
-            thread_id=thread_id,
-            run_id=run_id,
-            durability=durability,
-            recursion_limit=limit,
-            emitter=emitter,
-            lease=lease,
-            metadata=metadata,
-        )
+        if run is None:
+            run = new_run(lease)
+            started = False
+        else:
+            started = True  # the input is committed already
         try:
-            tup = await run.load(checkpoint_id, prefetched)
-            pending = run.pending_interruptions()
-            if isinstance(input, RunState):
-                input = self._check_run_state(input, thread_id, tup)
-            if isinstance(input, Command) and input.resume is not None:
-                if input.update is not None or input.goto:
-                    raise InvalidResumeError(
-                        "Command(resume=...) cannot be combined with update= or goto=; "
-                        "resume first, then update_state() if needed",
-                        thread_id=thread_id,
-                    )
-                answers = self._match_answers(thread_id, pending, input.resume)
-                self._check_edits(thread_id, pending, answers)
-                run.check_version()
-                await run.record_answers(answers)
-                await run.loop()
-            elif input is None:
-                if tup is None:
-                    if thread_id is None:
-                        raise GraphExecError("input=None resumes a thread; pass an input")
-                    raise resume_error(thread_id)
-                run.check_version()
-                breakpoints = {i.id: Answer("continue") for i in pending if i.kind == "breakpoint"}
-                if breakpoints:
-                    await run.record_answers(breakpoints)
+            if started:
                 await run.loop()
             else:
-                waiting = [i for i in pending if i.kind != "breakpoint"]
-                if waiting:
-                    assert thread_id is not None
-                    raise ThreadInterruptedError(
-                        f"thread {thread_id!r} is waiting on {len(waiting)} interrupt(s) "
-                        f"({', '.join(f'{i.node}:{i.id}' for i in waiting)}); answer with "
-                        "Command(resume=...) before sending new input",
-                        thread_id=thread_id,
-                        pending=[i.id for i in waiting],
-                    )
-                await run.start(input, tup)
-                await run.loop()
+                await self._dispatch(run, input, thread_id, checkpoint_id, prefetched)
             status: RunStatus = "done"
             if run.interruptions:
                 status = "interrupted"
@@ -271,6 +300,55 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
             graph_version=self.version,
             _graph=self,
         )
+
+    async def _dispatch(
+        self,
+        run: Run,
+        input: Any,
+        thread_id: str | None,
+        checkpoint_id: str | None,
+        prefetched: Prefetched | None,
+    ) -> None:
+        """Load where the run starts, apply ``input`` (new input, a resume, or none) and run."""
+        tup = await run.load(checkpoint_id, prefetched)
+        pending = run.pending_interruptions()
+        if isinstance(input, RunState):
+            input = self._check_run_state(input, thread_id, tup)
+        if isinstance(input, Command) and input.resume is not None:
+            if input.update is not None or input.goto:
+                raise InvalidResumeError(
+                    "Command(resume=...) cannot be combined with update= or goto=; "
+                    "resume first, then update_state() if needed",
+                    thread_id=thread_id,
+                )
+            answers = self._match_answers(thread_id, pending, input.resume)
+            self._check_edits(thread_id, pending, answers)
+            run.check_version()
+            await run.record_answers(answers)
+            await run.loop()
+        elif input is None:
+            if tup is None:
+                if thread_id is None:
+                    raise GraphExecError("input=None resumes a thread; pass an input")
+                raise resume_error(thread_id)
+            run.check_version()
+            breakpoints = {i.id: Answer("continue") for i in pending if i.kind == "breakpoint"}
+            if breakpoints:
+                await run.record_answers(breakpoints)
+            await run.loop()
+        else:
+            waiting = [i for i in pending if i.kind != "breakpoint"]
+            if waiting:
+                assert thread_id is not None
+                raise ThreadInterruptedError(
+                    f"thread {thread_id!r} is waiting on {len(waiting)} interrupt(s) "
+                    f"({', '.join(f'{i.node}:{i.id}' for i in waiting)}); answer with "
+                    "Command(resume=...) before sending new input",
+                    thread_id=thread_id,
+                    pending=[i.id for i in waiting],
+                )
+            await run.start(input, tup)
+            await run.loop()
 
     def _match_answers(
         self, thread_id: str | None, pending: Sequence[Interruption], resume: Any

@@ -1367,6 +1367,88 @@ class CheckpointerContract:
             await checkpointer.acquire_lease_and_get("t", owner="run-2", ttl=60)
         await put_chain(checkpointer, "t", 1, lease=held)
 
+    async def test_acquire_lease_and_put_starts_a_new_thread(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """On a thread without checkpoints: the lease is taken and the checkpoint is the head."""
+        first = make_checkpoint("t")
+        lease, tup, committed = await checkpointer.acquire_lease_and_put(
+            first, expected_head=None, owner="run-1", ttl=60
+        )
+        assert committed and tup is None and lease.owner == "run-1"
+        _assert_same((await _get(checkpointer, "t")).checkpoint, first)
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        [second] = await put_chain(checkpointer, "t", 1, after=first, lease=lease)
+        await checkpointer.put_final(
+            make_checkpoint("t", parent=second), expected_head=second.checkpoint_id, lease=lease
+        )
+        again = await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        assert again.epoch > lease.epoch
+
+    async def test_acquire_lease_and_put_on_an_unexpected_head_writes_only_the_lease(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """The head is not the expected one: the lease and the head, as acquire_lease_and_get."""
+        cps = await put_chain(checkpointer, "t", 3)
+        before = _ids(await checkpointer.list("t"))
+        lease, tup, committed = await checkpointer.acquire_lease_and_put(
+            make_checkpoint("t"), expected_head=None, owner="run-1", ttl=60
+        )
+        assert not committed and lease.owner == "run-1"
+        assert tup is not None and tup.is_head
+        _assert_same(tup.checkpoint, cps[-1])
+        assert _ids(await checkpointer.list("t")) == before
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        await put_chain(checkpointer, "t", 1, after=cps[-1], lease=lease)
+        await checkpointer.release_lease(lease)
+        # A wrong non-None guess on a thread without checkpoints is refused the same way.
+        other, tup, committed = await checkpointer.acquire_lease_and_put(
+            make_checkpoint("u", parent=cps[0]),
+            expected_head=cps[0].checkpoint_id,
+            owner="run-3",
+            ttl=60,
+        )
+        assert not committed and tup is None and other.owner == "run-3"
+        assert await checkpointer.get("u", "") is None
+
+    async def test_acquire_lease_and_put_continues_the_expected_head(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """With the head as expected, the checkpoint is put on it under the new lease."""
+        cps = await put_chain(checkpointer, "t", 2)
+        nxt = make_checkpoint("t", parent=cps[-1])
+        lease, tup, committed = await checkpointer.acquire_lease_and_put(
+            nxt, expected_head=cps[-1].checkpoint_id, owner="run-1", ttl=60
+        )
+        assert committed and tup is None
+        _assert_same((await _get(checkpointer, "t")).checkpoint, nxt)
+        await checkpointer.release_lease(lease)
+
+    async def test_acquire_lease_and_put_on_a_busy_thread_writes_nothing(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A live lease of another owner: ThreadBusyError, no checkpoint, that lease untouched."""
+        held = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease_and_put(
+                make_checkpoint("t"), expected_head=None, owner="run-2", ttl=60
+            )
+        assert await checkpointer.get("t", "") is None
+        await put_chain(checkpointer, "t", 1, lease=held)
+
+    async def test_acquire_lease_and_put_refuses_a_namespace(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """Runs start in the root namespace: a subgraph checkpoint is refused, nothing taken."""
+        with pytest.raises(ValueError, match="namespace"):
+            await checkpointer.acquire_lease_and_put(
+                make_checkpoint("t", ns="child"), expected_head=None, owner="run-1", ttl=60
+            )
+        lease = await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        await checkpointer.release_lease(lease)
+
     async def test_releasing_a_lost_lease_is_a_no_op(self, checkpointer: BaseCheckpointer) -> None:
         """Releasing a lease already lost leaves the new owner's lease alone."""
         lost = await checkpointer.acquire_lease("t", owner="run-1", ttl=0.05)
