@@ -353,7 +353,7 @@ async def test_postgres_nth_statement_fails(
                 pg_faults.arm(None, kind)
                 await small_graph(cp).ainvoke(INPUT, thread_id=f"count-{durability}")
                 total = pg_faults.calls
-            assert total >= 6
+            assert total >= 5  # the lease with the input, then the steps and pending writes
             for n in range(1, total + 2):
                 thread = f"{durability}-t{n}"
                 fds = fd_count()
