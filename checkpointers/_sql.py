@@ -425,15 +425,6 @@ PUT_CHECK = f"""SELECT {_HEAD_OF_NS}, l.owner, l.epoch, l.expires_at,
      AND p.checkpoint_id = :parent_id"""
 """Everything ``put`` checks, in one read: head, lease, duplicate id, parent, thread TTL."""
 
-INSERT_CHECKPOINT = """INSERT INTO graphexec_checkpoints (
-        thread_id, checkpoint_ns, checkpoint_id, parent_id, step, source, created_at,
-        graph_version, next_nodes, frontier, metadata, delta_depth, delta_bytes,
-        snapshot_bytes, has_snapshot)
-    VALUES (:thread_id, :checkpoint_ns, :checkpoint_id, :parent_id, :step, :source, :created_at,
-        :graph_version, :next_nodes, :frontier, :metadata, :delta_depth, :delta_bytes,
-        :snapshot_bytes, :has_snapshot)
-    RETURNING cp_seq"""
-
 INSERT_CHANNEL = """INSERT INTO graphexec_channels (cp_seq, role, channel, op, data)
     VALUES (:cp_seq, :role, :channel, :op, :data)"""
 

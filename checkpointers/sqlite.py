@@ -163,7 +163,8 @@ def _store_checkpoint(
         raise CheckpointError(
             f"thread {cp.thread_id!r}: parent checkpoint {cp.parent_id!r} does not exist"
         )
-    [(seq,)] = fetch(db, lite.INSERT_CHECKPOINT, {**params, "parent_seq": parent_seq})
+    seq = db.execute(lite.INSERT_CHECKPOINT, {**params, "parent_seq": parent_seq}).lastrowid
+    assert seq is not None
     _insert_channels(db, seq, rows)
     fetch(db, sql.MOVE_HEAD, {**params, "cp_seq": seq})
     if parent_writes:
