@@ -308,42 +308,47 @@ is planned once per server connection, like the others."""
 
 PG_ACQUIRE_PUT_FUNCTION = f"""CREATE FUNCTION graphexec_acquire_put(
         p_owner text, p_ttl float8, p_known text, p_thread_id text, p_checkpoint_id text,
-        p_step bigint, p_source text, p_created_at bigint, p_graph_version text,
-        p_next_nodes text, p_frontier bytea, p_metadata bytea, p_delta_depth bigint,
-        p_delta_bytes bigint, p_snapshot_bytes bigint, p_has_snapshot bigint,
-        p_default_ttl float8, p_checkpoints_table text, p_roles text[], p_channels text[],
-        p_ops text[], p_datas bytea[])
+        p_parent_id text, p_expected_head text, p_step bigint, p_source text,
+        p_created_at bigint, p_graph_version text, p_next_nodes text, p_frontier bytea,
+        p_metadata bytea, p_delta_depth bigint, p_delta_bytes bigint, p_snapshot_bytes bigint,
+        p_has_snapshot bigint, p_default_ttl float8, p_checkpoints_table text, p_roles text[],
+        p_channels text[], p_ops text[], p_datas bytea[])
     RETURNS TABLE ({_PG_ROW_COLUMNS}, o_f1 float8)
     LANGUAGE plpgsql AS $start$
     DECLARE
-        v_rows bigint;
         v_epoch bigint;
+        v_head text;
         v_verdict text;
         v_written bigint;
     BEGIN
         RETURN QUERY SELECT * FROM graphexec_acquire_get(p_thread_id, p_owner, p_ttl, NULL,
             p_known);
-        GET DIAGNOSTICS v_rows = ROW_COUNT;
         SELECT l.epoch INTO v_epoch FROM graphexec_leases AS l
             WHERE l.thread_id = p_thread_id AND l.owner = p_owner;
-        IF v_rows <> 1 OR v_epoch IS NULL THEN
+        IF v_epoch IS NULL THEN
+            RETURN;
+        END IF;
+        SELECT h.head_id INTO v_head FROM graphexec_heads AS h
+            WHERE h.thread_id = p_thread_id AND h.checkpoint_ns = '';
+        IF v_head IS DISTINCT FROM p_expected_head THEN
             RETURN;
         END IF;
         SELECT w.o_verdict, w.o_written INTO v_verdict, v_written
-            FROM graphexec_put(p_thread_id, '', p_checkpoint_id, NULL, NULL, v_epoch, p_step,
-                p_source, p_created_at, p_graph_version, p_next_nodes, p_frontier, p_metadata,
-                p_delta_depth, p_delta_bytes, p_snapshot_bytes, p_has_snapshot, p_default_ttl,
-                p_checkpoints_table, false, p_roles, p_channels, p_ops, p_datas) AS w;
+            FROM graphexec_put(p_thread_id, '', p_checkpoint_id, p_parent_id, p_expected_head,
+                v_epoch, p_step, p_source, p_created_at, p_graph_version, p_next_nodes,
+                p_frontier, p_metadata, p_delta_depth, p_delta_bytes, p_snapshot_bytes,
+                p_has_snapshot, p_default_ttl, p_checkpoints_table, false, p_roles, p_channels,
+                p_ops, p_datas) AS w;
         RETURN QUERY SELECT 'put'::text, v_written, 0, v_verdict, NULL::text, NULL::text,
             NULL::text, NULL::text, NULL::bytea, NULL::bytea, NULL::integer, NULL::bigint,
             NULL::integer, NULL::bigint, NULL::bigint, NULL::integer, NULL::text, NULL::float8;
     END
     $start$"""
-"""The start of a run on a thread believed new, in one round trip: the lease and the read of
+"""A run's start with its first checkpoint, in one round trip: the lease and the read of
 :data:`PG_ACQUIRE_GET_FUNCTION_2` (the same rows: ``'lease'`` or ``'busy'`` first, then the
-head's rows if the thread has one), and, only when the lease was taken and the thread has no
-checkpoint, :data:`PG_PUT_FUNCTION` of the run's first checkpoint under that lease, reported by
-one more row ``('put', written, 0, verdict, ...)``."""
+head's rows if the thread has one) and, only when the lease was taken and the head is
+``p_expected_head`` (NULL: the thread has no checkpoint), :data:`PG_PUT_FUNCTION` of the
+checkpoint under that lease, reported by one last row ``('put', written, 0, verdict, ...)``."""
 
 POSTGRES = Dialect(
     name="postgres",

@@ -157,12 +157,12 @@ _ACQUIRE_GET = """SELECT * FROM graphexec_acquire_get(:thread_id, :owner, :ttl::
 :data:`checkpointers._pg_sql.PG_ACQUIRE_GET_FUNCTION`)."""
 
 _ACQUIRE_PUT = """SELECT * FROM graphexec_acquire_put(:owner, :ttl::float8, :known,
-        :thread_id, :checkpoint_id, :step::bigint, :source, :created_at::bigint,
-        :graph_version, :next_nodes, :frontier::bytea, :metadata::bytea, :delta_depth::bigint,
-        :delta_bytes::bigint, :snapshot_bytes::bigint, :has_snapshot::bigint,
-        :default_ttl::float8, :checkpoints_table::text, :roles::text[], :channels::text[],
-        :ops::text[], :datas::bytea[])"""
-"""A run's lease and its first checkpoint on a new thread in one round trip (see
+        :thread_id, :checkpoint_id, :parent_id, :expected_head, :step::bigint, :source,
+        :created_at::bigint, :graph_version, :next_nodes, :frontier::bytea, :metadata::bytea,
+        :delta_depth::bigint, :delta_bytes::bigint, :snapshot_bytes::bigint,
+        :has_snapshot::bigint, :default_ttl::float8, :checkpoints_table::text, :roles::text[],
+        :channels::text[], :ops::text[], :datas::bytea[])"""
+"""A run's lease and its first checkpoint in one round trip (see
 :data:`checkpointers._pg_sql.PG_ACQUIRE_PUT_FUNCTION`)."""
 
 _ACQUIRE = f"""INSERT INTO graphexec_leases AS x (thread_id, owner, epoch, expires_at)
@@ -967,26 +967,23 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         ttl: float,
         known: str | None = None,
     ) -> tuple[Lease, CheckpointTuple | None, bool]:
-        """See :meth:`BaseCheckpointer.acquire_lease_and_put`.
-
-        On a thread expected to be new (``expected_head=None``, the run starts the engine makes
-        this way): one statement, one round trip. Otherwise the default's calls.
-        """
+        """See :meth:`BaseCheckpointer.acquire_lease_and_put`. One statement, one round trip."""
         cp = checkpoint
-        if cp.checkpoint_ns != "" or expected_head is not None or cp.parent_id is not None:
-            return await super().acquire_lease_and_put(
-                cp, expected_head=expected_head, owner=owner, ttl=ttl, known=known
+        if cp.checkpoint_ns != "":
+            raise ValueError(
+                f"thread {cp.thread_id!r}: acquire_lease_and_put() starts root runs; checkpoint "
+                f"{cp.checkpoint_id!r} is in namespace {cp.checkpoint_ns!r}"
             )
         params = self._put_params(cp)
-        params.update(owner=owner, ttl=float(ttl), known=known)
+        params.update(owner=owner, ttl=float(ttl), known=known, expected_head=expected_head)
         rows = await self._db.fetch("acquire_lease", _ACQUIRE_PUT, params)
         lease = _started_lease(rows, cp.thread_id, owner)
         try:
-            if len(rows) == 2 and rows[1][0] == "put":
-                verdict, written = rows[1][3], rows[1][1]
+            if rows[-1][0] == "put":
+                verdict, written = rows[-1][3], rows[-1][1]
                 if verdict is None and written:
                     return lease, None, True
-                raise _put_error(verdict or "conflict", cp, None, lease, None, None)
+                raise _put_error(verdict or "conflict", cp, expected_head, lease, None, None)
             tup = self._codec.checkpoint_tuple(cp.thread_id, "", rows[1:], known)
         except BaseException:
             await self.release_lease(lease)

@@ -21,7 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -227,7 +227,9 @@ class ValuesCache:
 
     def __init__(self, size: int = 32) -> None:
         self._size = size
-        self._items: OrderedDict[tuple[str, str], tuple[str, dict[str, Any]]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], Checkpoint | None]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def get(self, thread_id: str, checkpoint_ns: str) -> tuple[str, dict[str, Any]] | None:
@@ -235,16 +237,45 @@ class ValuesCache:
         key = (thread_id, checkpoint_ns)
         with self._lock:
             item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
+            if item is None:
+                return None
+            self._items.move_to_end(key)
+            return item[0], item[1]
+
+    def settled(
+        self, thread_id: str, checkpoint_ns: str
+    ) -> tuple[Checkpoint, dict[str, Any]] | None:
+        """The settled checkpoint last stored for the thread/namespace, and its values.
+
+        ``None`` unless the latest :meth:`put` passed ``settled``. The values are not detached.
+        """
+        key = (thread_id, checkpoint_ns)
+        with self._lock:
+            item = self._items.get(key)
+            if item is None or item[2] is None:
+                return None
+            self._items.move_to_end(key)
+            return item[2], item[1]
 
     def put(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, values: Mapping[str, Any]
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        values: Mapping[str, Any],
+        *,
+        settled: Checkpoint | None = None,
     ) -> None:
-        """Remember ``values`` (detached) as the values of ``checkpoint_id``."""
+        """Remember ``values`` (detached) as the values of ``checkpoint_id``.
+
+        ``settled``: that checkpoint, when a run wrote it as its last and it has nothing left
+        to run (no next tasks, so no pending writes or interrupts either). Only its fields
+        other than ``deltas`` and ``snapshot`` are kept; the engine starts a run with new input
+        from it without reading the thread first (the start checks it is still the head).
+        """
         key = (thread_id, checkpoint_ns)
-        item = (checkpoint_id, detach(values))
+        kept = None if settled is None else replace(settled, deltas={}, snapshot=None)
+        item = (checkpoint_id, detach(values), kept)
         with self._lock:
             self._items[key] = item
             self._items.move_to_end(key)

@@ -22,6 +22,7 @@ from graphexec._checkpoint import (
     Checkpoint,
     CheckpointTuple,
     Lease,
+    detach,
     new_checkpoint_id,
 )
 from graphexec._hitl import Answer, interrupt_id
@@ -209,37 +210,50 @@ class Run(TaskRunner):
 
     async def start(self, input: Any, tup: CheckpointTuple | None) -> None:
         """Apply new input (or a ``Command``) as this thread's next checkpoint."""
-        deltas, frontier, metadata = await self._input_step(input, tup)
+        on = None if tup is None else tup.checkpoint.checkpoint_id
+        deltas, frontier, metadata = await self._input_step(input, on)
         self.emitter.emit("values", dict(self.values))
         await self._commit("input", deltas, frontier, metadata)
 
-    async def prepare_new_thread(self, input: Any) -> Checkpoint:
-        """Apply ``input`` to a thread believed new; return the checkpoint, not yet stored.
+    async def prepare_start(
+        self, input: Any, settled: tuple[Checkpoint, Mapping[str, Any]] | None
+    ) -> Checkpoint:
+        """Apply ``input`` to a thread as the values cache knows it; return the checkpoint.
 
-        Writes nothing and emits nothing: :meth:`commit_new_thread` stores it. If the guess is
-        wrong (the thread has a checkpoint), this ``Run`` must be dropped: its values were
-        computed for an empty thread.
+        ``settled`` is the thread's settled head and its values (see
+        :meth:`~graphexec._checkpoint.ValuesCache.settled`), or ``None`` for a thread believed
+        new. Writes nothing and emits nothing: :meth:`commit_start` stores the checkpoint, if
+        that head is still the thread's head. If not, this ``Run`` must be dropped: its values
+        were computed for a state the thread no longer has.
         """
         assert self.cp is not None and self.thread_id is not None
-        assert self.durability != "exit" and self.lease is None
-        deltas, frontier, metadata = await self._input_step(input, None)
+        assert self.durability != "exit" and self.lease is None and not self.ns
+        on = None
+        if settled is not None:
+            head, values = settled
+            on = self.head = head.checkpoint_id
+            self.last = head
+            self.step = head.step
+            self.values = detach(values)
+        deltas, frontier, metadata = await self._input_step(input, on)
         cp = self._stage("input", deltas, frontier, metadata)
         assert cp is not None
         return cp
 
-    async def commit_new_thread(
+    async def commit_start(
         self, cp: Checkpoint, *, ttl: float
     ) -> tuple[Lease, CheckpointTuple | None, bool]:
-        """Take the run's lease and store ``cp`` (from :meth:`prepare_new_thread`) at once.
+        """Take the run's lease and store ``cp`` (from :meth:`prepare_start`) at once.
 
         One storage call (:meth:`~graphexec.BaseCheckpointer.acquire_lease_and_put`) instead
-        of a lease call then a put. Returns its answer; when the thread turned out to have a
-        checkpoint, nothing but the lease was written and the caller carries on from the
+        of a lease call, a read and a put. Returns its answer; when the head was not the one
+        expected, nothing but the lease was written and the caller carries on from the
         returned head with a new ``Run``.
         """
         assert self.cp is not None
+        expected = self.head
         lease, tup, committed = await self.cp.acquire_lease_and_put(
-            cp, expected_head=None, owner=self.run_id, ttl=ttl
+            cp, expected_head=expected, owner=self.run_id, ttl=ttl, known=expected
         )
         if committed:
             self.lease = lease
@@ -249,10 +263,13 @@ class Run(TaskRunner):
         return lease, tup, committed
 
     async def _input_step(
-        self, input: Any, tup: CheckpointTuple | None
+        self, input: Any, on: str | None
     ) -> tuple[dict[str, ChannelDelta], Frontier, dict[str, Any]]:
-        """Apply the input to the values; return what its checkpoint stores."""
-        if tup is None:
+        """Apply the input to the values of checkpoint ``on`` (``None``: a new thread).
+
+        Returns what the input's checkpoint stores.
+        """
+        if on is None:
             self.values = self.schema.initial_values()
         if isinstance(input, Command):
             items = self.schema.coerce_update("__input__", input.update)
@@ -267,12 +284,12 @@ class Run(TaskRunner):
         if sources[0].task.node == START:
             sources[0].routes = await self._branch_routes(START, self.values, None)
         frontier = self._next_frontier(sources, Frontier())
-        self.anchor = self._input_anchor(tup, writes, sources[0].routes)
+        self.anchor = self._input_anchor(on, writes, sources[0].routes)
         return deltas, frontier, {"writes": {"__input__": _keys(writes)}}
 
     def _input_anchor(
         self,
-        tup: CheckpointTuple | None,
+        on: str | None,
         writes: Sequence[tuple[str, Any, bytes | None]],
         routes: Sequence[str | Send],
     ) -> str:
@@ -287,8 +304,8 @@ class Run(TaskRunner):
         """
         if self.cp is None or self.thread_id is None:
             return random_anchor()
-        base = "" if tup is None else tup.checkpoint.checkpoint_id
-        if tup is not None and base != self.head:
+        base = on or ""
+        if on is not None and on != self.head:
             return random_anchor()
         parts: list[str | bytes] = [self.thread_id, self.ns, base, self.parent_key or ""]
         for ch, value, blob in writes:
@@ -698,8 +715,14 @@ class Run(TaskRunner):
         return self._build(checkpoint_id, source, deltas, frontier, metadata, self.last)
 
     def _adopt(self, cp: Checkpoint) -> None:
-        """Make ``cp`` (stored, or queued to be) the run's head."""
-        self.graph.values_cache.put(cp.thread_id, self.ns, cp.checkpoint_id, self.values)
+        """Make ``cp`` (stored, or queued to be) the run's head.
+
+        With nothing left to run, it is also the settled head a next run can start from.
+        """
+        settled = None if self.frontier.tasks else cp
+        self.graph.values_cache.put(
+            cp.thread_id, self.ns, cp.checkpoint_id, self.values, settled=settled
+        )
         self.head = cp.checkpoint_id
         self.last = cp
 

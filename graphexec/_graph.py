@@ -19,6 +19,7 @@ import networkx as nx
 from graphexec._builder import GraphSpec
 from graphexec._checkpoint import (
     BaseCheckpointer,
+    Checkpoint,
     CheckpointTuple,
     Lease,
     ThreadInfo,
@@ -171,20 +172,25 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    def _may_start_new_thread(
+    def _start_base(
         self, input: Any, thread_id: str | None, checkpoint_id: str | None, durability: str
-    ) -> bool:
-        """Whether to start with :meth:`_start_new_thread` rather than the usual lease + read.
+    ) -> tuple[bool, tuple[Checkpoint, dict[str, Any]] | None]:
+        """Whether a run can start without reading the thread first, and from what.
 
-        For new input (not a resume, not a ``RunState``) at the head of a thread this process
-        holds no values of (most likely a new thread), in a durability mode that commits the
-        input at once, when no routing function runs at START (it would run a second time if
-        the thread turns out to exist). And only with a backend that does it in one call:
-        with the default (a lease call, then a put) nothing is saved, and under ``async``
-        durability the input's put would wait for its commit instead of overlapping the steps.
+        New input (not a resume, not a ``RunState``) at the head of a thread can be applied,
+        and committed with the run's lease in one storage call (:meth:`_start_in_one_call`),
+        when this process knows the thread's state: ``(True, (head, values))`` for the settled
+        head it cached when a run ended there, ``(True, None)`` when it holds no values of the
+        thread (most likely a new one). The start checks the guess, so a wrong one costs only
+        the work of applying the input. ``(False, None)``: start the usual way. That is the
+        answer for a thread cached mid-run (interrupted, failed), in ``exit`` durability
+        (which commits the input later), when a routing function runs at START (it would run a
+        second time after a wrong guess), and with a backend that cannot do it in one call
+        (with the default, a lease call then a put, nothing is saved, and under ``async``
+        durability the input's put would wait for its commit instead of overlapping the steps).
         """
         store = self.checkpointer
-        return (
+        if not (
             thread_id is not None
             and store is not None
             and type(store).acquire_lease_and_put is not BaseCheckpointer.acquire_lease_and_put
@@ -194,32 +200,37 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
             and not isinstance(input, RunState)
             and not (isinstance(input, Command) and input.resume is not None)
             and not self.spec.branches.get(START)
-            and self.values_cache.get(thread_id, "") is None
-        )
+        ):
+            return False, None
+        settled = self.values_cache.settled(thread_id, "")
+        if settled is not None:
+            return True, settled
+        return self.values_cache.get(thread_id, "") is None, None
 
-    async def _start_new_thread(
-        self, run: Run, input: Any
+    async def _start_in_one_call(
+        self, run: Run, input: Any, base: tuple[Checkpoint, dict[str, Any]] | None
     ) -> tuple[Run | None, Lease | None, Prefetched | None]:
-        """Take the lease and commit the input of a thread believed new, in one storage call.
+        """Take the lease and commit the input on ``base`` (see :meth:`_start_base`) at once.
 
         Returns ``(run, lease, None)`` when the input is committed (``run`` goes on with the
-        steps), ``(None, lease, prefetched)`` when the thread already had a checkpoint (start
-        as usual from that head, lease held), and ``(None, None, None)`` when the usual start
-        must decide: the input was refused (applied again there, it raises there, where such
-        errors always surface), the thread is busy (``on_busy`` applies there), or the
+        steps), ``(None, lease, prefetched)`` when the thread's head was another (start as
+        usual from the head read with the lease), and ``(None, None, None)`` when the usual
+        start must decide: the input was refused (applied again there, it raises there, where
+        such errors always surface), the thread is busy (``on_busy`` applies there), or the
         checkpointer has no leases.
         """
         try:
-            cp = await run.prepare_new_thread(input)
+            cp = await run.prepare_start(input, base)
         except Exception:
             return None, None, None
         try:
-            lease, tup, committed = await run.commit_new_thread(cp, ttl=self.lease_ttl)
+            lease, tup, committed = await run.commit_start(cp, ttl=self.lease_ttl)
         except (ThreadBusyError, NotSupportedError):
             return None, None, None
         if committed:
             return run, lease, None
-        return None, lease, (tup, None)
+        known = None if base is None else (base[0].checkpoint_id, base[1])
+        return None, lease, (tup, known)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -259,8 +270,9 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
         run: Run | None = None
         lease: Lease | None = None
         prefetched: Prefetched | None = None
-        if self._may_start_new_thread(input, thread_id, checkpoint_id, durability):
-            run, lease, prefetched = await self._start_new_thread(new_run(None), input)
+        one_call, base = self._start_base(input, thread_id, checkpoint_id, durability)
+        if one_call:
+            run, lease, prefetched = await self._start_in_one_call(new_run(None), input, base)
         if lease is None:
             lease, prefetched = await self._acquire(thread_id, run_id, on_busy, checkpoint_id)
         beat = None if lease is None else Heartbeat(self._store(), lease, self.lease_ttl)

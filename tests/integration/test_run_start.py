@@ -1,8 +1,10 @@
-"""How a run starts: on a new thread, the lease and the input's checkpoint are one storage call.
+"""How a run starts: with new input, the lease and the input's checkpoint are one storage call.
 
-The engine guesses a thread is new when its process holds no values of it. Right, the run saves
-a round trip; wrong (another process, or another graph object, wrote the thread), it must carry
-on exactly as the usual start would: input applied once, on the real head, history unforked.
+The engine guesses the thread's head without reading it: the settled head it cached when its
+last run there ended, or none when it holds no values of the thread (most likely a new one).
+Right, the run saves a round trip; wrong (another process, or another graph object, wrote the
+thread), it must carry on exactly as the usual start would: input applied once, on the real
+head, history unforked.
 """
 
 from __future__ import annotations
@@ -17,9 +19,17 @@ from typing import Annotated, Any, TypedDict
 import pytest
 
 from checkpointers import SqliteCheckpointer
-from graphexec import END, START, CompiledGraph, InMemoryCheckpointer, StateGraph
+from graphexec import (
+    END,
+    START,
+    Command,
+    CompiledGraph,
+    InMemoryCheckpointer,
+    StateGraph,
+    interrupt,
+)
 from graphexec._checkpoint import Checkpoint, CheckpointTuple, Lease
-from graphexec.errors import InvalidUpdateError, ThreadBusyError
+from graphexec.errors import InvalidUpdateError, ThreadBusyError, ThreadInterruptedError
 
 
 class Log(TypedDict):
@@ -89,12 +99,61 @@ async def test_a_new_thread_starts_with_one_storage_call(store: Recording) -> No
     assert history == [2, 1, 0]
 
 
-async def test_the_same_graph_continues_a_known_thread_the_usual_way(store: Recording) -> None:
+async def test_a_settled_thread_continues_with_one_storage_call(store: Recording) -> None:
+    """A run ended here: the process knows the head and its values, and starts from them."""
     graph = _chain(store)
     await graph.ainvoke({"log": ["in"], "n": 0}, thread_id="t")
     store.calls.clear()
-    await graph.ainvoke({"log": ["again"]}, thread_id="t")
-    assert store.calls == ["acquire_lease_and_get", "put", "put", "put_final"]
+    out = await graph.ainvoke({"log": ["again"]}, thread_id="t")
+    assert out == {"log": ["in", "a", "b", "again", "a", "b"], "n": 4}
+    assert store.calls == ["acquire_lease_and_put:committed", "put", "put_final"]
+    history = await graph.aget_state_history("t")
+    assert [s.step for s in history] == [5, 4, 3, 2, 1, 0]
+    assert all(s.parent_id == p.checkpoint_id for s, p in itertools.pairwise(history))
+
+
+async def test_a_settled_head_that_moved_is_continued_from_the_new_head(
+    store: Recording,
+) -> None:
+    """Another writer moved the head after this process cached it: the guess is refused."""
+    graph, other = _chain(store), _chain(store)
+    await graph.ainvoke({"log": ["in"], "n": 0}, thread_id="t")
+    await other.ainvoke({"log": ["other"]}, thread_id="t")
+    store.calls.clear()
+    out = await graph.ainvoke({"log": ["again"]}, thread_id="t")
+    assert out == {"log": ["in", "a", "b", "other", "a", "b", "again", "a", "b"], "n": 6}
+    assert store.calls == ["acquire_lease_and_put:head", "put", "put", "put_final"]
+    assert len(await store.list_tips("t")) == 1
+
+
+async def test_a_deleted_settled_thread_starts_afresh(store: Recording) -> None:
+    graph = _chain(store)
+    await graph.ainvoke({"log": ["in"], "n": 0}, thread_id="t")
+    await store.delete_thread("t")
+    out = await graph.ainvoke({"log": ["new"], "n": 10}, thread_id="t")
+    assert out == {"log": ["new", "a", "b"], "n": 12}
+    assert [s.step for s in await graph.aget_state_history("t")] == [2, 1, 0]
+
+
+async def test_an_interrupted_thread_starts_the_usual_way(store: Recording) -> None:
+    """Cached mid-run (waiting on a human): new input is refused as always."""
+    b = StateGraph(Log)
+    b.add_node("ask", lambda s: {"log": [interrupt("ok?")]})
+    b.add_edge(START, "ask")
+    b.add_edge("ask", END)
+    graph = b.compile(checkpointer=store)
+    paused = await graph.arun({"log": [], "n": 0}, thread_id="t")
+    assert paused.status == "interrupted"
+    store.calls.clear()
+    with pytest.raises(ThreadInterruptedError):
+        await graph.ainvoke({"log": ["more"]}, thread_id="t")
+    assert store.calls == ["acquire_lease_and_get"]
+    done = await graph.ainvoke(Command(resume="yes"), thread_id="t")
+    assert done["log"] == ["yes"]
+    store.calls.clear()
+    again = await graph.arun({"log": ["more"]}, thread_id="t")
+    assert again.status == "interrupted"
+    assert store.calls[0] == "acquire_lease_and_put:committed"
 
 
 async def test_a_thread_written_elsewhere_is_continued_from_its_head(store: Recording) -> None:
