@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import operator
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from checkpointers import SqliteCheckpointer
 from graphexec import (
@@ -236,3 +239,46 @@ async def test_streams_see_the_same_parts(store: Recording) -> None:
     assert kinds[:2] == [("values", None), ("events", "checkpoint")]
     assert parts[0][1] == {"log": ["in"], "n": 0}
     assert [p for m, p in parts if m == "values"][-1] == {"log": ["in", "a", "b"], "n": 2}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from(["input", "delete", "update"])),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_one_call_starts_are_equivalent_to_the_usual_start(
+    ops: list[tuple[int, str]],
+) -> None:
+    """Three graph objects (three caches: three processes) interleave runs, updates and deletes
+    on one thread; after every operation the state equals that of one in-memory graph doing the
+    same (the in-memory backend always starts the usual way) and the history never forks."""
+
+    async def scenario() -> None:
+        reference = _chain(InMemoryCheckpointer())
+        with tempfile.TemporaryDirectory() as tmp:
+            async with SqliteCheckpointer.open(Path(tmp) / "runs.db") as cp:
+                graphs = [_chain(cp) for _ in range(3)]
+                for k, (who, op) in enumerate(ops):
+                    outs = []
+                    for graph in (reference, graphs[who]):
+                        if op == "delete":
+                            await graph.adelete_thread("t")
+                        elif op == "update":
+                            if await graph.aget_state("t") is not None:
+                                await graph.aupdate_state("t", {"log": [f"u{k}"]}, as_node="b")
+                        else:
+                            outs.append(
+                                await graph.ainvoke({"log": [f"i{k}"], "n": k}, thread_id="t")
+                            )
+                    assert not outs or outs[0] == outs[1]
+                    want = await reference.aget_state("t")
+                    got = await graphs[(who + 1) % 3].aget_state("t")
+                    assert (want is None) == (got is None)
+                    if want is not None and got is not None:
+                        assert got.values == want.values and got.step == want.step
+                        assert len(await cp.list_tips("t")) == 1
+
+    asyncio.run(scenario())
