@@ -280,7 +280,11 @@ class ThreadReader:
             return None, {}
         values = self.materialize(tup, known)
         if tup.is_head:
-            self.values_cache.put(thread_id, checkpoint_ns, tup.checkpoint.checkpoint_id, values)
+            cp = tup.checkpoint
+            settled = cp if not cp.next_nodes and not tup.pending_writes else None
+            self.values_cache.put(
+                thread_id, checkpoint_ns, cp.checkpoint_id, values, settled=settled
+            )
         return tup, values
 
     def get_state(

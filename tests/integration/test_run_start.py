@@ -282,3 +282,15 @@ def test_one_call_starts_are_equivalent_to_the_usual_start(
                         assert len(await cp.list_tips("t")) == 1
 
     asyncio.run(scenario())
+
+
+async def test_a_thread_read_in_this_process_starts_in_one_call(store: Recording) -> None:
+    """Reading a settled head (get_state) tells the process what a run writing it would."""
+    await _chain(store).ainvoke({"log": ["in"], "n": 0}, thread_id="t")
+    other = _chain(store)  # another process: nothing cached
+    state = await other.aget_state("t")
+    assert state is not None and state.next == ()
+    store.calls.clear()
+    out = await other.ainvoke({"log": ["again"]}, thread_id="t")
+    assert out == {"log": ["in", "a", "b", "again", "a", "b"], "n": 4}
+    assert store.calls == ["acquire_lease_and_put:committed", "put", "put_final"]
