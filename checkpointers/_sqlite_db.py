@@ -25,6 +25,7 @@ import os
 import random
 import re
 import sqlite3
+import sys
 import threading
 import time
 import warnings
@@ -277,6 +278,10 @@ class SqliteDatabase:
             stacklevel=2,
             source=self,
         )
+        if sys.is_finalizing():
+            # Interpreter exit: a new thread would never start (start() would wait forever), and
+            # the daemon connection threads end with the process anyway.
+            return
         # aiosqlite's stop() answers through a future on the calling thread's event loop, which
         # may be closed before the connection thread replies; from a thread without a loop it
         # sends no future. So stop them from a short-lived helper thread.
