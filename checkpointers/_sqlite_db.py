@@ -232,10 +232,10 @@ class WalCheckpoints:
     for it; once it has copied the whole WAL, the next commit starts the WAL file over.
 
     Pokes that arrive during a checkpoint coalesce into one more run. A busy or locked file
-    (another process checkpointing, a reader holding an old snapshot) is normal and skipped
-    until the next poke. Any other failure is kept in :attr:`error` (the first one) and counted
-    in :attr:`failures`; the owner reports it (see :meth:`SqliteDatabase.write`) and later pokes
-    try again.
+    (another connection checkpointing) is normal and skipped until the next poke; a reader on
+    an old snapshot only limits what can be copied. Any other failure is kept in :attr:`error`
+    (the first one) and counted in :attr:`failures`; the owner reports it (see
+    :meth:`SqliteDatabase.write`) and later pokes try again.
 
     The thread holds no reference to its owner, so an unclosed owner can still be collected
     (its ``__del__`` calls :meth:`stop`), and as a daemon it never keeps the interpreter from
