@@ -20,7 +20,8 @@ give :class:`SqliteDatabase` your own migration list and version table.
   instead of ~0.1 ms. Here a daemon thread per file (:class:`WalCheckpoints`) runs ``PRAGMA
   wal_checkpoint(PASSIVE)`` on its own connection every :data:`CHECKPOINT_EVERY` commits, which
   never blocks readers or writers, and the writers' autocheckpoint is a safety net only
-  (:data:`AUTOCHECKPOINT` pages). Under ``"FULL"`` every commit has fsynced its own WAL frames,
+  (:data:`AUTOCHECKPOINT` pages; the WAL file shrinks back to :data:`WAL_SIZE_LIMIT` when writes
+  pause). Under ``"FULL"`` every commit has fsynced its own WAL frames,
   the inline checkpoint is cheap, and a background one would only compete with the commits'
   fsyncs (measured 5-15% slower), so SQLite's defaults stay. ``":memory:"`` has no WAL.
 """
@@ -50,6 +51,7 @@ __all__ = [
     "ATTEMPTS",
     "AUTOCHECKPOINT",
     "CHECKPOINT_EVERY",
+    "WAL_SIZE_LIMIT",
     "SqliteDatabase",
     "WalCheckpoints",
     "fetch",
@@ -74,6 +76,14 @@ a commit that finds it wholly checkpointed, which a background checkpoint achiev
 writes pause; under writes that never pause, commits land during every checkpoint, the WAL
 grows to this size, and the commit that reaches it copies what the background left (at most
 about :data:`CHECKPOINT_EVERY` commits' pages) and lets the WAL start over."""
+WAL_SIZE_LIMIT = 4 * 1024 * 1024
+"""Bytes a writer truncates the WAL file to when it starts it over (``journal_size_limit``),
+with background checkpoints.
+
+SQLite reuses a WAL file from its start without shrinking it, so without a limit a burst that
+grew it toward :data:`AUTOCHECKPOINT` pages would leave ~40 MB on disk for as long as the file
+is open. With it, the first commit after writes pause and a background checkpoint completes
+brings the WAL back to 4 MiB, what SQLite's default autocheckpoint keeps it near."""
 CHECKPOINT_EVERY = 50
 """Successful write transactions between two wake-ups of the background checkpoint.
 
@@ -144,6 +154,7 @@ def _configure(
         db.execute("PRAGMA query_only=ON")
     elif autocheckpoint is not None:
         db.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint}")
+        db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
 
 
 def _schema_version(db: sqlite3.Connection, *, query: str) -> int | None:

@@ -25,6 +25,7 @@ from checkpointers import SqliteCheckpointer
 from checkpointers._sqlite_db import (
     AUTOCHECKPOINT,
     CHECKPOINT_EVERY,
+    WAL_SIZE_LIMIT,
     SqliteDatabase,
     WalCheckpoints,
 )
@@ -144,6 +145,27 @@ async def test_the_wal_stays_bounded_over_3000_commits(tmp_path: Path) -> None:
     assert max(logs) <= 2 * logs[0], logs  # never more than about one batch in the WAL
     assert sizes[-1] <= 2 * sizes[0], sizes
     assert count_rows(path) == 3000
+
+
+async def test_a_wal_grown_by_a_burst_shrinks_when_writes_pause(tmp_path: Path) -> None:
+    """Writes that never pause grow the WAL; the first commit after a pause shrinks it."""
+    path = tmp_path / "db.sqlite"
+    wal = path.with_name(path.name + "-wal")
+    db = database(path)
+    try:
+        await db.open()
+        conns = await db._connections()
+        burst = 8 * 1024 * 1024  # 2,048 pages, between the limit and the autocheckpoint
+        await conns.writer.execute("PRAGMA wal_autocheckpoint=0")  # no restart meanwhile
+        await insert(db, burst // 4096, size=4000)
+        assert wal.stat().st_size > burst
+        with contextlib.closing(sqlite3.connect(path)) as other:
+            [(busy, log, done)] = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        assert busy == 0 and log == done
+        await insert(db, 1)
+        assert wal.stat().st_size <= WAL_SIZE_LIMIT
+    finally:
+        await db.aclose()
 
 
 async def test_writers_keep_the_autocheckpoint_as_a_safety_net_only(tmp_path: Path) -> None:
