@@ -1,4 +1,5 @@
-"""SQLite WAL checkpoints run on a background thread, off the commit path (``_sqlite_db``).
+"""SQLite WAL checkpoints on a background thread, off the commit path (``_sqlite_db``, opt-in:
+``wal_checkpoints="background"``).
 
 Real files throughout. What happened is read from the files themselves: in WAL mode a commit
 writes only the WAL, so the main database file grows only when a checkpoint copies pages into
@@ -18,6 +19,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 
@@ -41,8 +43,17 @@ THREAD_NAME = "graphexec WAL checkpoints"
 
 def database(path: Path) -> SqliteDatabase:
     return SqliteDatabase(
-        path, owner=f"Test({path.name})", migrations=MIGRATIONS, version_table="versions"
+        path,
+        owner=f"Test({path.name})",
+        migrations=MIGRATIONS,
+        version_table="versions",
+        wal_checkpoints="background",
     )
+
+
+def background(path: Path | str, **kwargs: Any) -> Any:
+    """``SqliteCheckpointer.open`` with background WAL checkpoints."""
+    return SqliteCheckpointer.open(path, wal_checkpoints="background", **kwargs)
 
 
 async def insert(db: SqliteDatabase, count: int, size: int = 100) -> None:
@@ -69,7 +80,7 @@ def wal_frames(path: Path) -> int:
     wal = path.with_name(path.name + "-wal")
     with contextlib.closing(sqlite3.connect(path)) as conn:
         [(page_size,)] = conn.execute("PRAGMA page_size").fetchall()
-    return max(0, wal.stat().st_size - 32) // (page_size + 24)
+    return max(0, wal.stat().st_size - 32) // (int(page_size) + 24)
 
 
 def count_rows(path: Path) -> int:
@@ -169,16 +180,16 @@ async def test_a_wal_grown_by_a_burst_shrinks_when_writes_pause(tmp_path: Path) 
 
 
 async def test_writers_keep_the_autocheckpoint_as_a_safety_net_only(tmp_path: Path) -> None:
-    async with SqliteCheckpointer.open(tmp_path / "cp.db") as cp:
+    async with background(tmp_path / "cp.db") as cp:
         conns = await cp._db._connections()
         assert list(await conns.writer.execute_fetchall("PRAGMA wal_autocheckpoint")) == [
             (AUTOCHECKPOINT,)
         ]
 
 
-async def test_synchronous_full_keeps_sqlite_s_own_checkpoints(tmp_path: Path) -> None:
-    # Under FULL each commit fsyncs its WAL frames, so SQLite's inline checkpoint is cheap.
-    async with SqliteCheckpointer.open(tmp_path / "cp.db", synchronous="FULL") as cp:
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+async def test_the_default_keeps_sqlite_s_own_checkpoints(tmp_path: Path, synchronous: Any) -> None:
+    async with SqliteCheckpointer.open(tmp_path / "cp.db", synchronous=synchronous) as cp:
         await put_chain(cp, "t", CHECKPOINT_EVERY + 1)
         assert cp._db._checkpoints is None
         assert wal_threads() == []
@@ -186,8 +197,13 @@ async def test_synchronous_full_keeps_sqlite_s_own_checkpoints(tmp_path: Path) -
         assert list(await conns.writer.execute_fetchall("PRAGMA wal_autocheckpoint")) == [(1000,)]
 
 
+async def test_an_unknown_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="wal_checkpoints"):
+        SqliteCheckpointer(tmp_path / "cp.db", wal_checkpoints="sometimes")  # type: ignore[arg-type]
+
+
 async def test_a_memory_database_has_no_checkpoint_thread() -> None:
-    async with SqliteCheckpointer.open(":memory:") as cp:
+    async with background(":memory:") as cp:
         await put_chain(cp, "t", CHECKPOINT_EVERY + 1)
         assert cp._db._checkpoints is None
         assert wal_threads() == []
@@ -216,15 +232,14 @@ def own_threads() -> set[threading.Thread]:
 async def test_stores_opened_and_closed_many_times_leave_no_threads(tmp_path: Path) -> None:
     threads_before = own_threads()
     for i in range(10):
-        async with SqliteCheckpointer.open(tmp_path / "cp.db") as cp:
+        async with background(tmp_path / "cp.db") as cp:
             await put_chain(cp, f"t{i}", CHECKPOINT_EVERY)
             assert len(wal_threads(tmp_path / "cp.db")) == 1
         assert wal_threads() == []
-        async with SqliteSession("s", tmp_path / "memory.db") as session:
+        async with SqliteSession("s", tmp_path / "memory.db") as session:  # inline: no thread
             for j in range(CHECKPOINT_EVERY):
                 await session.add_items([{"role": "user", "content": f"{i}-{j}"}])
-            assert len(wal_threads(tmp_path / "memory.db")) == 1
-        assert wal_threads() == []
+            assert wal_threads() == []
 
     async def connections_stopped() -> None:
         assert own_threads() == threads_before
@@ -233,7 +248,7 @@ async def test_stores_opened_and_closed_many_times_leave_no_threads(tmp_path: Pa
 
 
 async def test_a_leaked_database_stops_its_thread(tmp_path: Path) -> None:
-    cp = SqliteCheckpointer(tmp_path / "cp.db")
+    cp = SqliteCheckpointer(tmp_path / "cp.db", wal_checkpoints="background")
     await put_chain(cp, "t", CHECKPOINT_EVERY)
     [thread] = wal_threads(tmp_path / "cp.db")
     with pytest.warns(ResourceWarning, match="garbage-collected with open connections"):
@@ -252,7 +267,7 @@ def test_an_unclosed_database_does_not_hang_the_interpreter_at_exit(tmp_path: Pa
         "import asyncio, sys, threading\n"
         "from checkpointers import SqliteCheckpointer\n"
         "from graphexec.testing import put_chain\n"
-        "cp = SqliteCheckpointer(sys.argv[1])\n"
+        "cp = SqliteCheckpointer(sys.argv[1], wal_checkpoints='background')\n"
         f"asyncio.run(put_chain(cp, 't', {CHECKPOINT_EVERY}))\n"
         f"print(sum(t.name.startswith({THREAD_NAME!r}) for t in threading.enumerate()))\n"
     )
@@ -271,12 +286,13 @@ def test_an_unclosed_database_does_not_hang_the_interpreter_at_exit(tmp_path: Pa
 
 async def test_several_databases_on_one_file_each_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "cp.db"
-    cps = [SqliteCheckpointer(path, synchronous=s) for s in ("NORMAL", "NORMAL", "FULL")]
+    modes: list[Literal["inline", "background"]] = ["background", "background", "inline"]
+    cps = [SqliteCheckpointer(path, wal_checkpoints=mode) for mode in modes]
     try:
         await asyncio.gather(
             *(put_chain(cp, f"t{i}", 3 * CHECKPOINT_EVERY) for i, cp in enumerate(cps))
         )
-        assert len(wal_threads(path)) == 2  # none for FULL
+        assert len(wal_threads(path)) == 2  # none for the inline one
 
         async def all_ran() -> None:
             for cp in cps[:2]:
