@@ -1,7 +1,7 @@
 """Running one task: approvals, the node call (retry, timeout, interrupts), effects, routing.
 
 :class:`TaskRunner` is the task half of :class:`graphexec._executor.Run`; the step half (load,
-loop, apply, commit) lives in ``_executor.py``.
+loop, apply) lives in ``_executor.py`` and the commits in ``_commits.py``.
 """
 
 from __future__ import annotations
