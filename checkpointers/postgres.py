@@ -58,6 +58,7 @@ from graphexec._checkpoint import (
     CheckpointTuple,
     Lease,
     SnapshotPolicy,
+    check_run_start,
 )
 from graphexec._tasks import relaxed_commit
 from graphexec.errors import (
@@ -969,11 +970,7 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
     ) -> tuple[Lease, CheckpointTuple | None, bool]:
         """See :meth:`BaseCheckpointer.acquire_lease_and_put`. One statement, one round trip."""
         cp = checkpoint
-        if cp.checkpoint_ns != "":
-            raise ValueError(
-                f"thread {cp.thread_id!r}: acquire_lease_and_put() starts root runs; checkpoint "
-                f"{cp.checkpoint_id!r} is in namespace {cp.checkpoint_ns!r}"
-            )
+        check_run_start(cp)
         params = self._put_params(cp)
         params.update(owner=owner, ttl=float(ttl), known=known, expected_head=expected_head)
         rows = await self._db.fetch("acquire_lease", _ACQUIRE_PUT, params)

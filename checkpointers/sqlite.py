@@ -61,6 +61,7 @@ from graphexec._checkpoint import (
     CheckpointTuple,
     Lease,
     SnapshotPolicy,
+    check_run_start,
 )
 from graphexec.errors import (
     CheckpointConflictError,
@@ -674,11 +675,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
     ) -> tuple[Lease, CheckpointTuple | None, bool]:
         """See :meth:`BaseCheckpointer.acquire_lease_and_put`. One transaction."""
         cp = checkpoint
-        if cp.checkpoint_ns != "":
-            raise ValueError(
-                f"thread {cp.thread_id!r}: acquire_lease_and_put() starts root runs; checkpoint "
-                f"{cp.checkpoint_id!r} is in namespace {cp.checkpoint_ns!r}"
-            )
+        check_run_start(cp)
         params, rows = self._encode_put(cp)
         codec = self._codec
         read = {

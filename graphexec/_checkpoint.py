@@ -213,6 +213,19 @@ def detach(values: Mapping[str, Any]) -> dict[str, Any]:
     return {ch: (type(v)(v) if type(v) in (list, dict, set) else v) for ch, v in values.items()}
 
 
+def check_run_start(checkpoint: Checkpoint) -> None:
+    """Refuse a run's first checkpoint outside the root namespace (``acquire_lease_and_put``).
+
+    Runs start at the root; a subgraph's checkpoints go through ``put``.
+    """
+    if checkpoint.checkpoint_ns != "":
+        raise ValueError(
+            f"thread {checkpoint.thread_id!r}: acquire_lease_and_put() starts root runs; "
+            f"checkpoint {checkpoint.checkpoint_id!r} is in namespace "
+            f"{checkpoint.checkpoint_ns!r}"
+        )
+
+
 class ValuesCache:
     """Channel values of the latest checkpoint read or written, per thread and namespace.
 
@@ -541,11 +554,7 @@ class BaseCheckpointer(ABC):
         calls one after another.
         """
         thread_id = checkpoint.thread_id
-        if checkpoint.checkpoint_ns != "":
-            raise ValueError(
-                f"thread {thread_id!r}: acquire_lease_and_put() starts root runs; checkpoint "
-                f"{checkpoint.checkpoint_id!r} is in namespace {checkpoint.checkpoint_ns!r}"
-            )
+        check_run_start(checkpoint)
         lease, tup = await self.acquire_lease_and_get(thread_id, owner=owner, ttl=ttl, known=known)
         if (None if tup is None else tup.checkpoint.checkpoint_id) != expected_head:
             return lease, tup, False
