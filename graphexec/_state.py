@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import hashlib
 import operator
+import threading
 import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -397,18 +398,66 @@ def _is_role_tuple(value: Any) -> bool:
     )
 
 
-def _id_index(messages: list[Any]) -> dict[str | None, int]:
-    """``{message id: position}`` (the last position for a repeated id).
+def _id_index(messages: list[Any]) -> tuple[dict[str | None, int], bool]:
+    """``{message id: position}`` (the last position for a repeated id); all plain dicts?
 
-    Built on every update from the whole history, so its cost is what makes a long chat's
-    turns slower than its first ones. Histories of plain dicts with string ids (the common
-    case) are indexed by C-level ``map``/``zip``, about 5x faster than a per-message call.
+    Histories of plain dicts with string ids (the common case) are indexed by C-level
+    ``map``/``zip``, about 5x faster than a per-message call.
     """
     if set(map(type, messages)) <= {dict}:
         index: dict[Any, int] = dict(zip(map(dict.get, messages, repeat("id")), count()))
         if set(map(type, index)) <= {str, NoneType}:
-            return index
-    return {_message_id(m): i for i, m in enumerate(messages)}
+            return index, True
+        return {_message_id(m): i for i, m in enumerate(messages)}, True
+    return {_message_id(m): i for i, m in enumerate(messages)}, False
+
+
+class _IdIndexes:
+    """The id indexes of the message lists :data:`add_messages` returned lately.
+
+    Building ``{id: position}`` from the whole history on every update made a long chat's turns
+    slower with its length (about 80 µs at 1,000 messages, twice a turn). The list a reducer
+    returns comes back as the next update's ``current``: the same object within a run, a shallow
+    copy (the same message objects) in the next run, because values are detached between runs.
+    So an index is found by ``(length, identity of the last message)`` and used only if
+    ``current`` equals the private copy of the list it was built for, which costs a pointer
+    comparison per message when they are the same objects. Only all-dict histories are kept:
+    two equal dicts have equal ids, while other message types' ``__eq__`` is their own. Like all
+    state, messages must not be mutated in place (see :func:`graphexec._checkpoint.detach`).
+
+    Using an index hands it over (it is extended in place for the result), so two updates of
+    one list never share it. At most ``size`` lists are kept, least recently used go first.
+    Thread-safe: graphs run on several event loops.
+    """
+
+    __slots__ = ("_items", "_lock", "_size")
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._items: dict[tuple[int, int], tuple[list[Any], dict[str | None, int]]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, messages: list[Any]) -> dict[str | None, int] | None:
+        """The index built for a list equal to ``messages``, now the caller's; else ``None``."""
+        if not messages:
+            return None
+        with self._lock:
+            item = self._items.pop((len(messages), id(messages[-1])), None)
+        if item is None or item[0] != messages:
+            return None
+        return item[1]
+
+    def keep(self, messages: list[Any], index: dict[str | None, int]) -> None:
+        """Remember ``index`` as the index of (a copy of) ``messages``, all plain dicts."""
+        if not messages:
+            return
+        key = (len(messages), id(messages[-1]))
+        item = (list(messages), index)
+        with self._lock:
+            self._items.pop(key, None)
+            self._items[key] = item
+            while len(self._items) > self._size:
+                del self._items[next(iter(self._items))]
 
 
 class _AddMessages:
@@ -417,6 +466,9 @@ class _AddMessages:
     __qualname__ = "add_messages"
     batchable = True
     """Folding updates one by one equals folding their concatenation once."""
+
+    def __init__(self) -> None:
+        self._indexes = _IdIndexes()
 
     def prepare(self, update: Any) -> list[Any]:
         """Normalise an update and give every message an id before it is stored.
@@ -427,23 +479,29 @@ class _AddMessages:
 
     def __call__(self, current: Sequence[Any] | None, update: Any) -> list[Any]:
         merged = list(current or [])
-        index = _id_index(merged)
+        index = self._indexes.take(merged)
+        plain = index is not None
+        if index is None:
+            index, plain = _id_index(merged)
         for message in self.prepare(update):
             if isinstance(message, RemoveMessage):
                 if message.id == REMOVE_ALL_MESSAGES:
-                    merged, index = [], {}
+                    merged, index, plain = [], {}, True
                     continue
                 if message.id not in index:
                     raise ValueError(f"RemoveMessage: no message with id {message.id!r}")
                 merged = [m for m in merged if _message_id(m) != message.id]
-                index = _id_index(merged)
+                index, plain = _id_index(merged)
                 continue
+            plain = plain and type(message) is dict
             mid = _message_id(message)
             if mid in index:
                 merged[index[mid]] = message
             else:
                 index[mid] = len(merged)
                 merged.append(message)
+        if plain:
+            self._indexes.keep(merged, index)
         return merged
 
 
