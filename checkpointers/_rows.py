@@ -241,7 +241,7 @@ class RowCodec:
             "source": cp.source,
             "created_at": to_micros(cp.created_at),
             "graph_version": cp.graph_version,
-            "next_nodes": json.dumps(list(cp.next_nodes), ensure_ascii=False),
+            "next_nodes": json_list(tuple(cp.next_nodes)),
             "frontier": self.blobs.seal(bytes(cp.frontier), (*key, "frontier")),
             "delta_depth": cp.delta_depth,
             "delta_bytes": cp.delta_bytes,
@@ -560,6 +560,12 @@ def _unpack_blobs(raw: bytes, channel: str, where: Callable[[], str]) -> tuple[b
 def json_tuple(value: str) -> tuple[str, ...]:
     """Decode a ``next_nodes`` column (few distinct values: cached)."""
     return tuple(json.loads(value))
+
+
+@functools.lru_cache(maxsize=1024)
+def json_list(nodes: tuple[str, ...]) -> str:
+    """Encode a ``next_nodes`` column: the inverse of :func:`json_tuple` (cached too)."""
+    return json.dumps(list(nodes), ensure_ascii=False)
 
 
 def lease_row(row: Sequence[Any] | None) -> tuple[str, int, float] | None:

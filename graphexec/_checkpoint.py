@@ -15,7 +15,7 @@ compare-and-set, leases, pending writes, retention) is pinned by the suite in
 
 from __future__ import annotations
 
-import os
+import random
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -321,7 +321,9 @@ def new_checkpoint_id() -> str:
             _seq = 0
         _last_ms = ms
         seq = _seq
-    rand = int.from_bytes(os.urandom(8), "big") & 0x3FFF_FFFF_FFFF_FFFF
+    # Unique, not secret: the random module (seeded from os.urandom, reseeded in a forked
+    # child) is as good here as os.urandom, and a system call cheaper.
+    rand = random.getrandbits(62)
     value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | seq << 64 | 0b10 << 62 | rand
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
