@@ -142,8 +142,11 @@ def _store_checkpoint(
     lease: Lease | None,
     release: bool,
     default_ttl: float | None,
-) -> None:
-    """The body of a put, given the row ``sql.PUT_CHECK`` read in the same transaction."""
+) -> int:
+    """The body of a put, given the row ``sql.PUT_CHECK`` read in the same transaction.
+
+    Returns the new checkpoint's ``cp_seq``.
+    """
     head, owner, epoch, expires, dup, parent_seq, parent_writes, thread, ttl = check
     head = _rows.id_text(head)
     now = time.time()
@@ -178,6 +181,20 @@ def _store_checkpoint(
         fetch(db, sql.NEW_THREAD_TTL, {**key, "ttl": default_ttl})
     if release and lease is not None:
         fetch(db, sql.RELEASE_LEASE, {"thread_id": lease.thread_id, "epoch": lease.epoch})
+    return seq
+
+
+def _upsert_writes(
+    db: sqlite3.Connection, seq: int, task_id: str, stored: Sequence[tuple[str, bytes]]
+) -> None:
+    if stored:
+        db.executemany(
+            sql.UPSERT_WRITE,
+            [
+                {"cp_seq": seq, "task_id": task_id, "channel": ch, "data": data}
+                for ch, data in stored
+            ],
+        )
 
 
 def _insert_channels(
@@ -432,6 +449,41 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
 
         await self._db.write("put", body)
 
+    async def put_with_writes_final(
+        self,
+        checkpoint: Checkpoint,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        *,
+        expected_head: str | None,
+        lease: Lease,
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put_with_writes_final`.
+
+        One transaction: :meth:`put`'s, with the task's writes and the lease release.
+        """
+        params, rows = self._encode_put(checkpoint)
+        cp = checkpoint
+        stored = self._codec.write_rows(
+            cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id, task_id, writes
+        )
+        store = functools.partial(
+            _store_checkpoint,
+            cp=cp,
+            params=params,
+            rows=rows,
+            expected_head=expected_head,
+            lease=lease,
+            release=True,
+            default_ttl=self._default_ttl,
+        )
+
+        def body(db: sqlite3.Connection) -> None:
+            [check] = fetch(db, sql.PUT_CHECK, params)
+            _upsert_writes(db, store(db, check), task_id, stored)
+
+        await self._db.write("put_with_writes_final", body)
+
     async def put_writes(
         self,
         thread_id: str,
@@ -486,14 +538,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                     f"thread {thread_id!r}: cannot save writes for unknown checkpoint "
                     f"{checkpoint_id!r}"
                 )
-            if stored:
-                db.executemany(
-                    sql.UPSERT_WRITE,
-                    [
-                        {"cp_seq": seq, "task_id": task_id, "channel": ch, "data": data}
-                        for ch, data in stored
-                    ],
-                )
+            _upsert_writes(db, seq, task_id, stored)
             if release and lease is not None:
                 fetch(db, sql.RELEASE_LEASE, {"thread_id": thread_id, "epoch": lease.epoch})
 

@@ -412,6 +412,34 @@ class BaseCheckpointer(ABC):
         await self.put_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, writes, lease=lease)
         await self.release_lease(lease)
 
+    async def put_with_writes_final(
+        self,
+        checkpoint: Checkpoint,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        *,
+        expected_head: str | None,
+        lease: Lease,
+    ) -> None:
+        """:meth:`put` a checkpoint and :meth:`put_writes_final` of one of its tasks.
+
+        For a run in ``exit`` durability that pauses: the checkpoint it held back and the
+        interruption of the task that paused it are stored together. If the put fails nothing
+        is written and the lease is kept. Backends override this to do all three in one
+        transaction (one round trip); the default makes the calls one after another, so a
+        failure of the second leaves the checkpoint stored without the writes, as the separate
+        calls would.
+        """
+        await self.put(checkpoint, expected_head=expected_head, lease=lease)
+        await self.put_writes_final(
+            checkpoint.thread_id,
+            checkpoint.checkpoint_ns,
+            checkpoint.checkpoint_id,
+            task_id,
+            writes,
+            lease=lease,
+        )
+
     @abstractmethod
     async def get(
         self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None

@@ -143,18 +143,25 @@ class CheckpointWriter(TaskRunner):
             },
         )
 
-    async def _flush_exit(self, *, final: bool = False) -> None:
+    async def _flush_exit(
+        self,
+        *,
+        final: bool = False,
+        writes: tuple[str, list[tuple[str, bytes]]] | None = None,
+    ) -> bool:
         """In ``exit`` durability, write one checkpoint with everything since the last one.
 
         ``final``: the run is over; a root run releases its lease in the same transaction.
+        ``writes``: with ``final``, ``(task id, writes)`` of a task of the new checkpoint, stored
+        in that transaction too (a run that pauses). Returns whether a checkpoint was written.
         """
         if self.durability != "exit" or self.cp is None or self._exit_pending is None:
-            return
+            return False
         if self._exit_lock is None:
             self._exit_lock = asyncio.Lock()
         async with self._exit_lock:
             if self._exit_pending is None:
-                return
+                return False
             checkpoint_id, source, metadata = self._exit_pending
             deltas: dict[str, ChannelDelta] = {}
             for ch, blobs in self._exit_touched.items():
@@ -167,9 +174,15 @@ class CheckpointWriter(TaskRunner):
                 checkpoint_id, source, deltas, self.frontier, metadata, self._exit_parent
             )
             if final and self.lease is not None and self._owns_lease:
-                await self.cp.put_final(cp, expected_head=self._exit_expected, lease=self.lease)
+                if writes is None:
+                    await self.cp.put_final(cp, expected_head=self._exit_expected, lease=self.lease)
+                else:
+                    await self.cp.put_with_writes_final(
+                        cp, *writes, expected_head=self._exit_expected, lease=self.lease
+                    )
                 self.lease_released = True
             else:
+                assert writes is None, "writes go with a final flush"
                 await self.cp.put(cp, expected_head=self._exit_expected, lease=self.lease)
             self.graph.values_cache.put(cp.thread_id, self.ns, checkpoint_id, self.values)
             self._exit_touched = {}
@@ -177,6 +190,7 @@ class CheckpointWriter(TaskRunner):
             self._exit_pending = None
             self.head = checkpoint_id
             self.last = cp
+            return True
 
     def _build(
         self,

@@ -340,13 +340,16 @@ class Run(CheckpointWriter):
                 raise failed[0].error  # type: ignore[misc]
             paused = [i for o in outcomes for i in o.interrupts]
             if paused:
-                await self._flush_exit()
-                await self._save_unsaved(outcomes, force=True)
                 new = [
                     o
                     for o in outcomes
                     if o.interrupts and self._record(o.task.task_id).interrupts != o.interrupts
                 ]
+                if await self._pause_in_one_call(outcomes, new):
+                    await self._pause(paused)
+                    return
+                await self._flush_exit()
+                await self._save_unsaved(outcomes, force=True)
                 for k, o in enumerate(new):
                     rec = self._record(o.task.task_id)
                     rec.interrupts = list(o.interrupts)
@@ -376,6 +379,29 @@ class Run(CheckpointWriter):
                 return
         await self._flush_exit(final=True)
         await self.committer.flush()
+
+    async def _pause_in_one_call(self, outcomes: Sequence[Outcome], new: Sequence[Outcome]) -> bool:
+        """``exit`` durability: a pausing run's last stores in one call, if that is all of them.
+
+        The checkpoint held back, the one new interruption and the lease release go in one
+        ``put_with_writes_final`` when nothing else is left to store: one task newly
+        interrupted, every other outcome saved or interrupted. Returns whether it stored them;
+        if not, nothing is written and the run pauses the usual way (the checkpoint, then each
+        task's writes).
+        """
+        if (
+            self.durability != "exit"
+            or len(new) != 1
+            or not self._owns_lease
+            or any(o.error is None and not o.saved and not o.interrupts for o in outcomes)
+        ):
+            return False
+        (o,) = new
+        blob = encode_interrupts(self.serde, o.interrupts)
+        if not await self._flush_exit(final=True, writes=(o.task.task_id, [(INTERRUPT, blob)])):
+            return False
+        self._record(o.task.task_id).interrupts = list(o.interrupts)
+        return True
 
     async def _pause(self, interruptions: list[Interruption]) -> None:
         await self.committer.flush()

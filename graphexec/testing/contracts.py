@@ -1330,6 +1330,63 @@ class CheckpointerContract:
             await checkpointer.acquire_lease("t", owner="run-3", ttl=60)
         await put_chain(checkpointer, "t", 1, after=head, lease=fresh)
 
+    async def test_put_with_writes_final_stores_both_and_releases_the_lease(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """The checkpoint becomes the head with the task's writes pending; the lease is free."""
+        first = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        [head] = await put_chain(checkpointer, "t", 1, lease=first)
+        last = make_checkpoint("t", parent=head)
+        await checkpointer.put_with_writes_final(
+            last, "task", [("x", b"1"), ("y", b"2")], expected_head=head.checkpoint_id, lease=first
+        )
+        got = await _get(checkpointer, "t")
+        _assert_same(got.checkpoint, last)
+        assert [(w.task_id, w.channel, w.data) for w in got.pending_writes] == [
+            ("task", "x", b"1"),
+            ("task", "y", b"2"),
+        ]
+        second = await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        assert second.epoch > first.epoch
+        with pytest.raises(LeaseLostError):
+            await put_chain(checkpointer, "t", 1, after=last, lease=first)
+
+    async def test_failed_put_with_writes_final_writes_nothing_and_keeps_the_lease(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A conflicting ``put_with_writes_final``: no checkpoint, no writes, the lease kept."""
+        lease = await checkpointer.acquire_lease("t", owner="run-1", ttl=60)
+        [head] = await put_chain(checkpointer, "t", 1, lease=lease)
+        stray = make_checkpoint("t", parent=head)
+        with pytest.raises(CheckpointConflictError):
+            await checkpointer.put_with_writes_final(
+                stray, "task", [("x", b"1")], expected_head=None, lease=lease
+            )
+        assert await checkpointer.get("t", "", stray.checkpoint_id) is None
+        got = await _get(checkpointer, "t")
+        _assert_same(got.checkpoint, head)
+        assert got.pending_writes == ()
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-2", ttl=60)
+        await put_chain(checkpointer, "t", 1, after=head, lease=lease)
+
+    async def test_put_with_writes_final_with_a_lost_lease_leaves_the_new_owner_alone(
+        self, checkpointer: BaseCheckpointer
+    ) -> None:
+        """A stale ``put_with_writes_final`` is rejected: nothing written, nothing released."""
+        stale = await checkpointer.acquire_lease("t", owner="run-1", ttl=0.05)
+        [head] = await put_chain(checkpointer, "t", 1, lease=stale)
+        fresh = await self._take_over(checkpointer, "t", "run-2")
+        late = make_checkpoint("t", parent=head)
+        with pytest.raises(LeaseLostError):
+            await checkpointer.put_with_writes_final(
+                late, "task", [("x", b"1")], expected_head=head.checkpoint_id, lease=stale
+            )
+        assert await checkpointer.get("t", "", late.checkpoint_id) is None
+        with pytest.raises(ThreadBusyError):
+            await checkpointer.acquire_lease("t", owner="run-3", ttl=60)
+        await put_chain(checkpointer, "t", 1, after=head, lease=fresh)
+
     async def test_acquire_lease_and_get_reads_what_get_reads(
         self, checkpointer: BaseCheckpointer
     ) -> None:
