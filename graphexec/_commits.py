@@ -41,6 +41,7 @@ class CheckpointWriter(TaskRunner):
     _exit_expected: str | None
     _exit_pending: tuple[str, str, dict[str, Any]] | None
     _exit_lock: asyncio.Lock | None
+    _unsaved_answers: list[str]
 
     @property
     def _owns_lease(self) -> bool:
@@ -103,6 +104,7 @@ class CheckpointWriter(TaskRunner):
         frontier.anchor = self.anchor
         self.frontier = frontier
         self.records = {}
+        self._unsaved_answers.clear()  # answers held back were for the step this completes
         if self.cp is None:
             self.head = checkpoint_id
             return None

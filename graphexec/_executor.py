@@ -124,6 +124,8 @@ class Run(CheckpointWriter):
         self._exit_expected: str | None = None
         self._exit_pending: tuple[str, str, dict[str, Any]] | None = None
         self._exit_lock: asyncio.Lock | None = None
+        self._unsaved_answers: list[str] = []
+        """Tasks whose answers ``exit`` durability has not stored yet (see record_answers)."""
         self.lease_released = False
         """Whether the run's last commit also released its lease (see ``put_final``)."""
 
@@ -187,7 +189,14 @@ class Run(CheckpointWriter):
         return [i for _, rec in items for i in rec.unanswered()]
 
     async def record_answers(self, answers: Mapping[str, Answer]) -> None:
-        """Store answers with the tasks whose interrupts they answer (durably, first)."""
+        """Store answers with the tasks whose interrupts they answer (durably, first).
+
+        In ``exit`` durability they are held back like everything else the run does: stored
+        with the run's pause or failure, or before an effect runs (:meth:`_make_durable`), and
+        never once the step they answer has completed -- its checkpoint carries what the
+        answers produced, and storing it drops its parent's pending writes anyway. A crash
+        before then loses them with the rest of the run: the thread is still waiting for them.
+        """
         owners: dict[str, str] = {}
         info: dict[str, tuple[str, str]] = {}
         for task_id, rec in self.records.items():
@@ -202,7 +211,10 @@ class Run(CheckpointWriter):
             rec.answer_info[iid] = info[iid]
             touched[task_id] = rec
         for task_id, rec in touched.items():
-            await self._persist_now(task_id, [(RESUME, encode_answers(self.serde, rec))])
+            if self.durability != "exit":
+                await self._persist_now(task_id, [(RESUME, encode_answers(self.serde, rec))])
+            elif task_id not in self._unsaved_answers:
+                self._unsaved_answers.append(task_id)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -335,6 +347,7 @@ class Run(CheckpointWriter):
                 # Keep what finished: in exit durability the state so far is written first, so
                 # the finished tasks' writes have a checkpoint to attach to.
                 await self._flush_exit()
+                await self._save_answers()
                 await self._save_unsaved(outcomes, force=True)
                 await self.committer.flush()
                 raise failed[0].error  # type: ignore[misc]
@@ -353,11 +366,14 @@ class Run(CheckpointWriter):
                 for k, o in enumerate(new):
                     rec = self._record(o.task.task_id)
                     rec.interrupts = list(o.interrupts)
-                    blob = encode_interrupts(self.serde, o.interrupts)
+                    writes = [(INTERRUPT, encode_interrupts(self.serde, o.interrupts))]
+                    if o.task.task_id in self._unsaved_answers:  # exit durability: with them
+                        self._unsaved_answers.remove(o.task.task_id)
+                        writes.insert(0, (RESUME, encode_answers(self.serde, rec)))
                     if k == len(new) - 1 and self._owns_lease:
-                        await self._persist_final(o.task.task_id, [(INTERRUPT, blob)])
+                        await self._persist_final(o.task.task_id, writes)
                     else:
-                        await self._persist_now(o.task.task_id, [(INTERRUPT, blob)])
+                        await self._persist_now(o.task.task_id, writes)
                 await self._pause(paused)
                 return
             executed.append([t.node for t in tasks])
@@ -391,6 +407,7 @@ class Run(CheckpointWriter):
         """
         if (
             self.durability != "exit"
+            or self._unsaved_answers
             or len(new) != 1
             or not self._owns_lease
             or any(o.error is None and not o.saved and not o.interrupts for o in outcomes)
@@ -555,8 +572,22 @@ class Run(CheckpointWriter):
             return
         if self.durability == "exit":
             await self._flush_exit()
+            await self._save_answers()
         else:
             await self.committer.drain()
+
+    async def _save_answers(self) -> None:
+        """Store the answers ``exit`` durability held back (see :meth:`record_answers`)."""
+        if self.cp is None or self.thread_id is None:
+            return
+        while self._unsaved_answers:
+            task_id = self._unsaved_answers[0]
+            assert self.head is not None
+            blob = encode_answers(self.serde, self.records[task_id])
+            await self.cp.put_writes(
+                self.thread_id, self.ns, self.head, task_id, [(RESUME, blob)], lease=self.lease
+            )
+            self._unsaved_answers.pop(0)
 
     async def _persist_now(self, task_id: str, writes: list[tuple[str, bytes]]) -> None:
         """Store writes durably before returning, in every durability mode."""

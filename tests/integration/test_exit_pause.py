@@ -1,7 +1,10 @@
-"""A run in ``exit`` durability that pauses stores its last checkpoint, its interruption and
-the lease release in one call (``put_with_writes_final``) when nothing else is left to store,
-and the usual way (the checkpoint, then each task's writes) otherwise. Either way the thread
-resumes exactly as one run in ``sync`` durability would."""
+"""Human in the loop in ``exit`` durability: the run's stores are held back to its end.
+
+A run that pauses stores its last checkpoint, its interruption and the lease release in one
+call (``put_with_writes_final``) when nothing else is left to store, and the usual way (the
+checkpoint, then each task's writes) otherwise. A resume's answers are held back too: stored
+with the run's next pause, its failure or before an effect, and not at all once the step they
+answer completes. Either way the thread goes where one in ``sync`` durability would."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from graphexec import (
     Command,
     CompiledGraph,
     InMemoryCheckpointer,
+    NodeContext,
     Send,
     StateGraph,
     interrupt,
@@ -48,11 +52,11 @@ class Recording(SqliteCheckpointer):
         await super().put_final(checkpoint, **kwargs)
 
     async def put_writes(self, *args: Any, **kwargs: Any) -> None:
-        self.calls.append("put_writes")
+        self.calls.append("put_writes" + _channels(args[4]))
         await super().put_writes(*args, **kwargs)
 
     async def put_writes_final(self, *args: Any, **kwargs: Any) -> None:
-        self.calls.append("put_writes_final")
+        self.calls.append("put_writes_final" + _channels(args[4]))
         await super().put_writes_final(*args, **kwargs)
 
     async def put_with_writes_final(
@@ -60,6 +64,10 @@ class Recording(SqliteCheckpointer):
     ) -> None:
         self.calls.append("put_with_writes_final")
         await super().put_with_writes_final(checkpoint, task_id, writes, **kw)
+
+
+def _channels(writes: Sequence[tuple[str, bytes]]) -> str:
+    return ":" + ",".join(ch.split(":")[0].strip("_") for ch, _ in writes)
 
 
 @pytest.fixture
@@ -121,11 +129,14 @@ async def test_a_pause_is_one_call(store: Recording) -> None:
     other = _ask_twice(store)
     again = await other.arun(Command(resume="Ada"), thread_id="t", durability="exit")
     assert again.status == "interrupted"
-    # The answer is stored first; this pause has no checkpoint held back (the step re-ran).
-    assert store.calls == ["acquire_lease_and_get", "put_writes", "put_writes_final"]
+    # No checkpoint is held back this time (the step re-ran): the answer goes with the pause.
+    assert store.calls == ["acquire_lease_and_get", "put_writes_final:resume,interrupt"]
+    store.calls.clear()
     done = await other.arun(Command(resume="Paris"), thread_id="t", durability="exit")
     assert done.status == "done"
     assert done.values == {"log": ["in", "prepare", "Ada", "Paris", "finish"]}
+    # The step the answers were for completed: its checkpoint carries them, once.
+    assert store.calls == ["acquire_lease_and_get", "put_final"]
 
 
 async def test_pauses_resume_as_in_sync_durability(store: Recording) -> None:
@@ -141,6 +152,59 @@ async def test_a_step_with_other_work_to_save_pauses_the_usual_way(store: Record
     graph = _fan_out(store)
     paused = await graph.arun({"log": ["in"]}, thread_id="t", durability="exit")
     assert paused.status == "interrupted"
-    assert store.calls == ["acquire_lease_and_get", "put", "put_writes", "put_writes_final"]
+    assert store.calls == [
+        "acquire_lease_and_get",
+        "put",
+        "put_writes:updates,route",
+        "put_writes_final:interrupt",
+    ]
     done = await graph.arun(Command(resume="yes"), thread_id="t", durability="exit")
     assert sorted(done.values["log"]) == ["in", "quick", "yes"]
+
+
+async def test_answers_survive_a_failure_of_the_step_they_answer(store: Recording) -> None:
+    attempts: list[str] = []
+
+    def ask(state: S) -> dict[str, Any]:
+        answer = interrupt("ok?")
+        attempts.append(answer)
+        if len(attempts) == 1:
+            raise RuntimeError("flaky")
+        return {"log": [answer]}
+
+    b = StateGraph(S)
+    b.add_node("ask", ask)
+    b.add_edge(START, "ask")
+    b.add_edge("ask", END)
+    graph = b.compile(checkpointer=store)
+    await graph.arun({"log": ["in"]}, thread_id="t", durability="exit")
+    store.calls.clear()
+    failed = await graph.arun(Command(resume="yes"), thread_id="t", durability="exit")
+    assert failed.status == "failed" and "flaky" in repr(failed.error)
+    assert store.calls == ["acquire_lease_and_get", "put_writes:resume"]
+    # Retried without a new answer: the stored one is used, nobody is asked again.
+    done = await graph.arun(None, thread_id="t", durability="exit")
+    assert done.status == "done" and done.values == {"log": ["in", "yes"]}
+    assert attempts == ["yes", "yes"]
+
+
+async def test_answers_are_stored_before_an_effect_runs(store: Recording) -> None:
+    """An effect's stored result must never outlive the answers it was computed from."""
+    seen: list[list[str]] = []
+
+    def ask(state: S, ctx: NodeContext) -> dict[str, Any]:
+        answer = interrupt("amount?")
+        receipt = ctx.effect("charge", lambda: f"charged {answer}")
+        seen.append(list(store.calls))
+        return {"log": [receipt]}
+
+    b = StateGraph(S)
+    b.add_node("ask", ask)
+    b.add_edge(START, "ask")
+    b.add_edge("ask", END)
+    graph = b.compile(checkpointer=store)
+    await graph.arun({"log": ["in"]}, thread_id="t", durability="exit")
+    store.calls.clear()
+    done = await graph.arun(Command(resume="5"), thread_id="t", durability="exit")
+    assert done.values == {"log": ["in", "charged 5"]}
+    assert seen == [["acquire_lease_and_get", "put_writes:resume", "put_writes:effect"]]
