@@ -412,9 +412,10 @@ class SqliteDatabase:
     async def aclose(self) -> None:
         """Close every connection, whichever loop opened it, and stop the checkpoint thread.
 
-        A background checkpoint in progress finishes first (waited for up to a few seconds);
-        one that failed and was not yet reported by a write is reported now, as a
-        :class:`RuntimeWarning`. Final.
+        A background checkpoint in progress finishes first (waited for up to
+        ``_STOP_TIMEOUT`` seconds; past that, a :class:`RuntimeWarning` says so and the thread
+        closes its own connection when its checkpoint ends). One that failed and was not yet
+        reported by a write is reported now, as a :class:`RuntimeWarning`. Final.
         """
         with self._guard:
             self._closed = True
@@ -427,6 +428,15 @@ class SqliteDatabase:
             if checkpoints is not None:
                 checkpoints.stop()
                 await asyncio.to_thread(checkpoints.thread.join, _STOP_TIMEOUT)
+                if checkpoints.thread.is_alive():
+                    warnings.warn(
+                        f"{self._owner}: a background WAL checkpoint of {self.where} was still "
+                        f"running {_STOP_TIMEOUT:g}s after aclose() asked it to stop; closing "
+                        "anyway (its thread closes its own connection when it ends). A slow "
+                        "disk or a very long WAL makes checkpoints this slow.",
+                        RuntimeWarning,
+                        stacklevel=3,  # at the store's aclose
+                    )
                 self._report(checkpoints, stacklevel=2)  # at the store's aclose
         finally:
             for conn in everything:

@@ -194,22 +194,46 @@ async def timed(call: Callable[[], Awaitable[Any]]) -> float:
 
 
 class TimedSqlite(SqliteCheckpointer):
-    """Adds up the time spent in put() and get(), to separate storage from the engine."""
+    """Adds up the time spent in storage calls, to separate storage from the engine.
+
+    ``put_seconds``: every call that commits a checkpoint (a run's first one comes with its
+    lease, its last one with the release); ``get_seconds``: every call that reads one.
+    """
 
     put_seconds = 0.0
     get_seconds = 0.0
 
-    async def put(self, checkpoint: Any, *, expected_head: str | None, lease: Any = None) -> None:
-        start = time.perf_counter()
-        await super().put(checkpoint, expected_head=expected_head, lease=lease)
-        self.put_seconds += time.perf_counter() - start
-
-    async def get(self, thread_id: str, checkpoint_ns: str = "", checkpoint_id: str | None = None):  # type: ignore[no-untyped-def]
+    async def _timed_put(self, call: Awaitable[Any]) -> Any:
         start = time.perf_counter()
         try:
-            return await super().get(thread_id, checkpoint_ns, checkpoint_id)
+            return await call
+        finally:
+            self.put_seconds += time.perf_counter() - start
+
+    async def _timed_get(self, call: Awaitable[Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return await call
         finally:
             self.get_seconds += time.perf_counter() - start
+
+    async def put(self, checkpoint: Any, **kwargs: Any) -> None:
+        await self._timed_put(super().put(checkpoint, **kwargs))
+
+    async def put_final(self, checkpoint: Any, **kwargs: Any) -> None:
+        await self._timed_put(super().put_final(checkpoint, **kwargs))
+
+    async def acquire_lease_and_put(self, checkpoint: Any, **kwargs: Any) -> Any:
+        return await self._timed_put(super().acquire_lease_and_put(checkpoint, **kwargs))
+
+    async def get(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._timed_get(super().get(*args, **kwargs))
+
+    async def get_since(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._timed_get(super().get_since(*args, **kwargs))
+
+    async def acquire_lease_and_get(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._timed_get(super().acquire_lease_and_get(*args, **kwargs))
 
 
 CORE_DEFAULT = SnapshotPolicy()
@@ -276,15 +300,16 @@ async def measure_chat_scaling(
     a, b = marks[early], marks[turns]
 
     def row(label: str, key: str) -> str:
+        growth = f"x{b[key] / a[key]:5.2f}" if a[key] else "     -"
         return (
             f"      {label:44} turn {early}: {a[key] * 1e3:6.2f} ms   turn {turns}: "
-            f"{b[key] * 1e3:6.2f} ms   x{b[key] / a[key]:5.2f}"
+            f"{b[key] * 1e3:6.2f} ms   {growth}"
         )
 
     print(f"   {name} {policy} (mean of {window} turns; reads: median of 11)")
     print(row("per step (invoke time / 2 checkpoints)", "step"))
-    print(row("  of which put() (storage write)", "put"))
-    print(row("  of which get() at the start of invoke", "load"))
+    print(row("  of which storage writes (commits)", "put"))
+    print(row("  of which storage reads", "load"))
     print(row("latest-state read: graph.aget_state()", "state"))
     print(row("  of which cp.get() (storage read)", "get"))
     print(f"      delta chain folded by a read: {a['chain']:.0f} -> {b['chain']:.0f}")

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import pytest
 
 from checkpointers import SqliteCheckpointer
+from checkpointers import _sqlite_db as sqlite_db
 from checkpointers._sqlite_db import (
     AUTOCHECKPOINT,
     CHECKPOINT_EVERY,
@@ -222,6 +223,33 @@ async def test_aclose_joins_the_thread(tmp_path: Path) -> None:
     await db.aclose()
     assert not thread.is_alive()
     assert wal_threads() == []
+
+
+async def test_aclose_warns_when_a_checkpoint_outlasts_its_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint still running after the wait is said so, never passed over in silence."""
+    entered, release = threading.Event(), threading.Event()
+    connect = WalCheckpoints._connect
+
+    def slow_connect(self: WalCheckpoints) -> sqlite3.Connection:
+        entered.set()
+        release.wait(10)  # the first checkpoint is as slow as the test wants
+        return connect(self)
+
+    monkeypatch.setattr(WalCheckpoints, "_connect", slow_connect)
+    monkeypatch.setattr(sqlite_db, "_STOP_TIMEOUT", 0.05)
+    path = tmp_path / "db.sqlite"
+    db = database(path)
+    await insert(db, CHECKPOINT_EVERY)  # the thread starts, and checkpoints
+    assert entered.wait(10)
+    thread = checkpoints_of(db).thread
+    with pytest.warns(RuntimeWarning, match="still running 0.05s after aclose"):
+        await db.aclose()
+    assert thread.is_alive()
+    release.set()
+    thread.join(10)
+    assert not thread.is_alive()
 
 
 def own_threads() -> set[threading.Thread]:
