@@ -108,7 +108,10 @@ class CheckpointWriter(TaskRunner):
         if self.cp is None:
             self.head = checkpoint_id
             return None
-        if self.durability == "exit":
+        # A subgraph run's input is stored at once even in exit durability: a resumed subgraph
+        # rebuilds what it changed from the checkpoints after its input (_replay_changes), so
+        # the input (values the parent passed in) must not be merged into them.
+        if self.durability == "exit" and (source != "input" or self.parent_task_id is None):
             if self._exit_pending is None:
                 self._exit_parent = self.last
                 self._exit_expected = self.head

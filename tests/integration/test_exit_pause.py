@@ -104,6 +104,27 @@ def _fan_out(cp: Any) -> CompiledGraph[S]:
     return b.compile(checkpointer=cp)
 
 
+def _nested(cp: Any) -> CompiledGraph[S]:
+    """A subgraph that asks twice: answers cross a namespace, and are held back in both."""
+
+    def ask(state: S) -> dict[str, Any]:
+        return {"log": [interrupt("name?"), interrupt("city?")]}
+
+    inner = StateGraph(S)
+    inner.add_node("before", lambda s: {"log": ["inner"]})
+    inner.add_node("ask", ask)
+    inner.add_sequence(["before", "ask"])
+    inner.add_edge(START, "before")
+    inner.add_edge("ask", END)
+    outer = StateGraph(S)
+    outer.add_node("sub", inner.compile())
+    outer.add_node("after", lambda s: {"log": ["after"]})
+    outer.add_sequence(["sub", "after"])
+    outer.add_edge(START, "sub")
+    outer.add_edge("after", END)
+    return outer.compile(checkpointer=cp)
+
+
 async def _conversation(
     graph: CompiledGraph[S], answers: list[str], durability: Any
 ) -> list[tuple[dict[str, Any], list[str]]]:
@@ -140,8 +161,8 @@ async def test_a_pause_is_one_call(store: Recording) -> None:
 
 
 async def test_pauses_resume_as_in_sync_durability(store: Recording) -> None:
-    for build in (_ask_twice, _fan_out):
-        answers = ["Ada", "Paris"] if build is _ask_twice else ["yes"]
+    for build in (_ask_twice, _fan_out, _nested):
+        answers = ["yes"] if build is _fan_out else ["Ada", "Paris"]
         got = await _conversation(build(store), answers, "exit")
         assert got == await _conversation(build(InMemoryCheckpointer()), answers, "sync")
         await store.delete_thread("t")
