@@ -12,6 +12,9 @@ import pytest
 
 # Plain ``assert``s in the suites should report values the way assertions in test files do.
 pytest.register_assert_rewrite(
+    "graphexec.testing._contract_helpers",
+    "graphexec.testing._lease_contract",
+    "graphexec.testing._retention_contract",
     "graphexec.testing.contracts",
     "graphexec.testing.memory_contracts",
     "graphexec.testing.archival_contract",
