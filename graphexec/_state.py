@@ -426,13 +426,15 @@ class _IdIndexes:
     state, messages must not be mutated in place (see :func:`graphexec._checkpoint.detach`).
 
     Using an index hands it over (it is extended in place for the result), so two updates of
-    one list never share it. At most ``size`` lists are kept, least recently used go first.
+    one list never share it. At most ``size`` lists are kept (one per active thread, as many as
+    the values cache keeps by default), least recently used go first; a kept copy keeps its
+    messages alive until it goes.
     Thread-safe: graphs run on several event loops.
     """
 
     __slots__ = ("_items", "_lock", "_size")
 
-    def __init__(self, size: int = 64) -> None:
+    def __init__(self, size: int = 32) -> None:
         self._size = size
         self._items: dict[tuple[int, int], tuple[list[Any], dict[str | None, int]]] = {}
         self._lock = threading.Lock()
