@@ -18,6 +18,7 @@ __all__ = [
     "PG_GET_FUNCTION",
     "PG_PUT_FUNCTION",
     "PG_PUT_WRITES_FINAL_FUNCTION",
+    "PG_PUT_WITH_WRITES_FINAL_FUNCTION",
     "PG_PUT_WRITES_FUNCTION",
     "POSTGRES",
 ]
@@ -350,6 +351,44 @@ head's rows if the thread has one) and, only when the lease was taken and the he
 ``p_expected_head`` (NULL: the thread has no checkpoint), :data:`PG_PUT_FUNCTION` of the
 checkpoint under that lease, reported by one last row ``('put', written, 0, verdict, ...)``."""
 
+PG_PUT_WITH_WRITES_FINAL_FUNCTION = """CREATE FUNCTION graphexec_put_with_writes_final(
+        p_thread_id text, p_checkpoint_ns text, p_checkpoint_id text, p_parent_id text,
+        p_expected_head text, p_epoch bigint, p_step bigint, p_source text, p_created_at bigint,
+        p_graph_version text, p_next_nodes text, p_frontier bytea, p_metadata bytea,
+        p_delta_depth bigint, p_delta_bytes bigint, p_snapshot_bytes bigint,
+        p_has_snapshot bigint, p_default_ttl float8, p_checkpoints_table text,
+        p_roles text[], p_channels text[], p_ops text[], p_datas bytea[],
+        p_task_id text, p_write_channels text[], p_write_datas bytea[])
+    RETURNS TABLE (o_verdict text, o_owner text, o_head text, o_dup boolean, o_written bigint)
+    LANGUAGE plpgsql AS $paused$
+    DECLARE
+        v_writes text;
+    BEGIN
+        SELECT p.o_verdict, p.o_owner, p.o_head, p.o_dup, p.o_written
+            INTO o_verdict, o_owner, o_head, o_dup, o_written
+            FROM graphexec_put(p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_id,
+                p_expected_head, p_epoch, p_step, p_source, p_created_at, p_graph_version,
+                p_next_nodes, p_frontier, p_metadata, p_delta_depth, p_delta_bytes,
+                p_snapshot_bytes, p_has_snapshot, p_default_ttl, p_checkpoints_table, false,
+                p_roles, p_channels, p_ops, p_datas) AS p;
+        IF o_verdict IS NULL AND o_written = 1 THEN
+            SELECT w.o_verdict INTO v_writes
+                FROM graphexec_put_writes_final(p_thread_id, p_checkpoint_ns, p_checkpoint_id,
+                    p_epoch, array_fill(p_task_id, ARRAY[cardinality(p_write_channels)]),
+                    p_write_channels, p_write_datas) AS w;
+            IF v_writes IS NOT NULL THEN  -- cannot happen: lease and checkpoint checked above
+                RAISE EXCEPTION 'graphexec_put_with_writes_final: writes refused (%)', v_writes;
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END
+    $paused$"""
+"""A run's pause with a checkpoint held back (``exit`` durability), in one transaction:
+:data:`PG_PUT_FUNCTION` of the checkpoint, then, only if it was written,
+:data:`PG_PUT_WRITES_FINAL_FUNCTION` of one task's writes on it (which releases the lease).
+Returns what ``graphexec_put`` returns; a refusal of the writes after the put, which the put's
+own checks rule out, raises and so rolls the put back too."""
+
 POSTGRES = Dialect(
     name="postgres",
     blob="BYTEA",
@@ -369,4 +408,5 @@ POSTGRES = Dialect(
     acquire_get_function_2=PG_ACQUIRE_GET_FUNCTION_2,
     put_writes_final_function=PG_PUT_WRITES_FINAL_FUNCTION,
     acquire_put_function=PG_ACQUIRE_PUT_FUNCTION,
+    put_with_writes_final_function=PG_PUT_WITH_WRITES_FINAL_FUNCTION,
 )

@@ -92,6 +92,9 @@ class Dialect:
             (PostgreSQL), or a statement that does nothing.
         acquire_put_function: :data:`~._pg_sql.PG_ACQUIRE_PUT_FUNCTION` (PostgreSQL), or a
             statement that does nothing.
+        put_with_writes_final_function:
+            :data:`~._pg_sql.PG_PUT_WITH_WRITES_FINAL_FUNCTION` (PostgreSQL), or a statement
+            that does nothing.
     """
 
     name: str
@@ -108,6 +111,7 @@ class Dialect:
     acquire_get_function_2: str = "SELECT 1"
     put_writes_final_function: str = "SELECT 1"
     acquire_put_function: str = "SELECT 1"
+    put_with_writes_final_function: str = "SELECT 1"
 
 
 SQLITE = Dialect(
@@ -265,6 +269,8 @@ MIGRATIONS: tuple[str | OnlyOn, ...] = (
     "{put_writes_final_function}",
     # 26: PostgreSQL: a run on a new thread takes its lease and commits its input at once
     "{acquire_put_function}",
+    # 27: PostgreSQL: a pausing run's held-back checkpoint, interruption and release at once
+    "{put_with_writes_final_function}",
 )
 """Schema migrations in order; a database at version ``v`` has applied ``MIGRATIONS[:v + 1]``.
 
@@ -291,6 +297,7 @@ def migrations(dialect: Dialect) -> list[str]:
         "acquire_get_function_2": dialect.acquire_get_function_2,
         "put_writes_final_function": dialect.put_writes_final_function,
         "acquire_put_function": dialect.acquire_put_function,
+        "put_with_writes_final_function": dialect.put_with_writes_final_function,
     }
     return [
         m.format(**names)

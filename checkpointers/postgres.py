@@ -149,6 +149,16 @@ _PUT_WRITES_FINAL = """SELECT * FROM graphexec_put_writes_final(:thread_id, :che
 """:data:`_PUT_WRITES`, then (only if the writes were saved) the lease's release, in one
 statement (see :data:`checkpointers._pg_sql.PG_PUT_WRITES_FINAL_FUNCTION`)."""
 
+_PUT_WITH_WRITES_FINAL = """SELECT * FROM graphexec_put_with_writes_final(:thread_id,
+        :checkpoint_ns, :checkpoint_id, :parent_id, :expected_head, :epoch::bigint,
+        :step::bigint, :source, :created_at::bigint, :graph_version, :next_nodes,
+        :frontier::bytea, :metadata::bytea, :delta_depth::bigint, :delta_bytes::bigint,
+        :snapshot_bytes::bigint, :has_snapshot::bigint, :default_ttl::float8,
+        :checkpoints_table::text, :roles::text[], :channels::text[], :ops::text[],
+        :datas::bytea[], :task_id, :write_channels::text[], :write_datas::bytea[])"""
+""":data:`_PUT` of a checkpoint, then :data:`_PUT_WRITES_FINAL` of one task's writes on it, in one
+statement (see :data:`checkpointers._pg_sql.PG_PUT_WITH_WRITES_FINAL_FUNCTION`)."""
+
 _GET = "SELECT * FROM graphexec_get(:thread_id, :checkpoint_ns, :checkpoint_id, :known)"
 """The read of :data:`checkpointers._sql.GET_CHECKPOINT`, planned once per server connection."""
 
@@ -670,6 +680,47 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         }
         [(verdict, owner)] = await self._db.fetch("put_writes", _PUT_WRITES_FINAL, params)
         self._check_writes(verdict, owner, thread_id, checkpoint_id, lease)
+
+    async def put_with_writes_final(
+        self,
+        checkpoint: Checkpoint,
+        task_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        *,
+        expected_head: str | None,
+        lease: Lease,
+    ) -> None:
+        """See :meth:`BaseCheckpointer.put_with_writes_final`. One statement."""
+        cp = checkpoint
+        _check_lease_thread(cp.thread_id, lease)
+        stored = self._write_rows(
+            cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id, task_id, writes, lease
+        )
+        params = self._put_params(cp)
+        params.update(
+            expected_head=expected_head,
+            epoch=lease.epoch,
+            task_id=task_id,
+            write_channels=[channel for channel, _ in stored],
+            write_datas=[data for _, data in stored],
+        )
+
+        async def body(s: Session) -> tuple[Any, ...]:
+            row = await s.fetch_one(_PUT_WITH_WRITES_FINAL, params)
+            assert row is not None
+            verdict, owner, head, dup, written = row[:5]
+            if verdict is None and not written:  # another writer created the thread first
+                current = await s.fetch_one(_HEAD, params)
+                head = None if current is None else current[0]
+                verdict = "conflict"
+            return verdict, owner, head, dup, s.attempt
+
+        verdict, owner, head, dup, attempt = await self._db.run("put_with_writes_final", body)
+        if verdict is None:
+            return
+        if attempt > 1 and dup:
+            return  # the try whose connection broke did commit, the writes and release with it
+        raise _put_error(verdict, cp, expected_head, lease, owner, head)
 
     def _write_rows(
         self,

@@ -165,6 +165,28 @@ async def test_a_put_whose_reply_is_lost_after_commit_is_recognised_as_done(
     assert worker.integrity_problems(postgres_dsn(), schema) == []
 
 
+async def test_a_pause_whose_reply_is_lost_after_commit_is_recognised_as_done(
+    schema: str, kill_switch: Callable[..., KillSwitch]
+) -> None:
+    """put_with_writes_final committed (checkpoint, writes, release), then the reply was lost:
+    the retry finds the lease released but the checkpoint its own, and reports success."""
+    async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
+        lease = await cp.acquire_lease("t", owner="run", ttl=60)
+        [head] = await put_chain(cp, "t", 1, lease=lease)
+        switch = kill_switch(lambda q: q == pg_backend._PUT_WITH_WRITES_FINAL, when="after")
+        child = make_checkpoint("t", parent=head)
+        await cp.put_with_writes_final(
+            child, "k", [("a", b"1")], expected_head=head.checkpoint_id, lease=lease
+        )  # no error
+        assert switch.fired == 1
+        got = await cp.get("t")
+        assert got is not None and got.checkpoint == child
+        assert [(w.task_id, w.channel, w.data) for w in got.pending_writes] == [("k", "a", b"1")]
+        again = await cp.acquire_lease("t", owner="next", ttl=60)  # released by the first try
+        assert again.epoch == lease.epoch + 1
+    assert worker.integrity_problems(postgres_dsn(), schema) == []
+
+
 async def test_a_put_killed_before_it_ran_is_retried(
     schema: str, kill_switch: Callable[..., KillSwitch]
 ) -> None:

@@ -31,7 +31,7 @@ from graphexec import (
     ThreadBusyError,
     interrupt,
 )
-from graphexec.testing import put_chain
+from graphexec.testing import make_checkpoint, put_chain
 
 pytestmark = pytest.mark.postgres
 
@@ -338,6 +338,42 @@ async def test_put_writes_final_saves_and_releases_in_one_statement(
         assert nxt.epoch == lease.epoch + 1
         with pytest.raises(LeaseLostError):
             await cp.put_writes("t", "", head.checkpoint_id, "k", [("a", b"2")], lease=lease)
+
+
+async def test_put_with_writes_final_is_one_statement(schema: str, statements: list[str]) -> None:
+    async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
+        lease = await cp.acquire_lease("t", owner="r1", ttl=60)
+        [head] = await put_chain(cp, "t", 1, lease=lease)
+        last = make_checkpoint("t", parent=head)
+        statements.clear()
+        await cp.put_with_writes_final(
+            last, "k", [("a", b"1"), ("a", b"2")], expected_head=head.checkpoint_id, lease=lease
+        )
+        assert len(statements) == 1, statements
+        got = await cp.get("t")
+        assert got is not None and got.checkpoint.checkpoint_id == last.checkpoint_id
+        assert got.pending_writes == (PendingWrite("k", "a", b"2"),)  # a channel's last write
+        nxt = await cp.acquire_lease("t", owner="r2", ttl=60)  # free at once
+        assert nxt.epoch == lease.epoch + 1
+
+
+async def test_an_exit_durability_pause_is_one_statement(
+    schema: str, statements: list[str]
+) -> None:
+    async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
+        b = StateGraph(Ask)
+        b.add_node("ask", lambda s: {"answer": interrupt(s["question"])})
+        b.add_edge(START, "ask")
+        b.add_edge("ask", END)
+        graph = b.compile(checkpointer=cp)
+        statements.clear()
+        paused = await graph.arun({"question": "ok?"}, thread_id="t", durability="exit")
+        assert paused.status == "interrupted"
+        assert len(statements) == 2, statements  # the lease with a read, then the pause
+        statements.clear()
+        done = await graph.arun(Command(resume="yes"), thread_id="t", durability="exit")
+        assert done.values == {"question": "ok?", "answer": "yes"}
+        assert len(statements) == 2, statements  # the lease with a read, then the last commit
 
 
 async def test_a_failed_put_writes_final_releases_nothing(schema: str) -> None:
