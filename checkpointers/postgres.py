@@ -465,7 +465,12 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         lease: Lease | None,
         *,
         release: bool,
+        writes: tuple[str, Sequence[tuple[str, bytes]]] | None = None,
     ) -> None:
+        """One put statement (:data:`_PUT`, or :data:`_PUT_WITH_WRITES_FINAL` with ``writes``).
+
+        ``writes``: ``(task id, writes)`` stored on the new checkpoint; only with ``release``.
+        """
         cp = checkpoint
         _check_lease_thread(cp.thread_id, lease)
         params = self._put_params(cp)
@@ -474,8 +479,20 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
             epoch=None if lease is None else lease.epoch,
             release=release and lease is not None,
         )
-
-        statement = _PUT_RELAXED if not release and relaxed_commit.get() else _PUT
+        if writes is not None:
+            assert release and lease is not None, "writes go with a final put"
+            task_id = writes[0]
+            stored = self._write_rows(
+                cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id, task_id, writes[1], lease
+            )
+            params.update(
+                task_id=task_id,
+                write_channels=[channel for channel, _ in stored],
+                write_datas=[data for _, data in stored],
+            )
+            statement = _PUT_WITH_WRITES_FINAL
+        else:
+            statement = _PUT_RELAXED if not release and relaxed_commit.get() else _PUT
 
         async def body(s: Session) -> tuple[Any, ...]:
             row = await s.fetch_one(statement, params)
@@ -487,11 +504,12 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
                 verdict = "conflict"
             return verdict, owner, head, dup, s.attempt
 
-        verdict, owner, head, dup, attempt = await self._db.run("put", body)
+        op = "put" if writes is None else "put_with_writes_final"
+        verdict, owner, head, dup, attempt = await self._db.run(op, body)
         if verdict is None:
             return
         if attempt > 1 and dup:
-            return  # the try whose connection broke did commit: this checkpoint is ours
+            return  # the try whose connection broke did commit: this checkpoint (and all) is ours
         raise _put_error(verdict, cp, expected_head, lease, owner, head)
 
     async def put_writes(
@@ -575,36 +593,7 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         lease: Lease,
     ) -> None:
         """See :meth:`BaseCheckpointer.put_with_writes_final`. One statement."""
-        cp = checkpoint
-        _check_lease_thread(cp.thread_id, lease)
-        stored = self._write_rows(
-            cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id, task_id, writes, lease
-        )
-        params = self._put_params(cp)
-        params.update(
-            expected_head=expected_head,
-            epoch=lease.epoch,
-            task_id=task_id,
-            write_channels=[channel for channel, _ in stored],
-            write_datas=[data for _, data in stored],
-        )
-
-        async def body(s: Session) -> tuple[Any, ...]:
-            row = await s.fetch_one(_PUT_WITH_WRITES_FINAL, params)
-            assert row is not None
-            verdict, owner, head, dup, written = row[:5]
-            if verdict is None and not written:  # another writer created the thread first
-                current = await s.fetch_one(_HEAD, params)
-                head = None if current is None else current[0]
-                verdict = "conflict"
-            return verdict, owner, head, dup, s.attempt
-
-        verdict, owner, head, dup, attempt = await self._db.run("put_with_writes_final", body)
-        if verdict is None:
-            return
-        if attempt > 1 and dup:
-            return  # the try whose connection broke did commit, the writes and release with it
-        raise _put_error(verdict, cp, expected_head, lease, owner, head)
+        await self._put(checkpoint, expected_head, lease, release=True, writes=(task_id, writes))
 
     def _write_rows(
         self,

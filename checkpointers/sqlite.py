@@ -430,7 +430,9 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         lease: Lease | None,
         *,
         release: bool,
+        writes: tuple[str, Sequence[tuple[str, bytes]]] | None = None,
     ) -> None:
+        """One put transaction; ``writes``: ``(task id, writes)`` stored on the new checkpoint."""
         params, rows = self._encode_put(checkpoint)
         store = functools.partial(
             _store_checkpoint,
@@ -442,12 +444,20 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             release=release,
             default_ttl=self._default_ttl,
         )
+        task_id, stored = "", list[tuple[str, bytes]]()
+        if writes is not None:
+            cp = checkpoint
+            task_id = writes[0]
+            stored = self._codec.write_rows(
+                cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id, task_id, writes[1]
+            )
 
         def body(db: sqlite3.Connection) -> None:
             [check] = fetch(db, sql.PUT_CHECK, params)
-            store(db, check)
+            seq = store(db, check)
+            _upsert_writes(db, seq, task_id, stored)
 
-        await self._db.write("put", body)
+        await self._db.write("put" if writes is None else "put_with_writes_final", body)
 
     async def put_with_writes_final(
         self,
@@ -462,27 +472,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
 
         One transaction: :meth:`put`'s, with the task's writes and the lease release.
         """
-        params, rows = self._encode_put(checkpoint)
-        cp = checkpoint
-        stored = self._codec.write_rows(
-            cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id, task_id, writes
-        )
-        store = functools.partial(
-            _store_checkpoint,
-            cp=cp,
-            params=params,
-            rows=rows,
-            expected_head=expected_head,
-            lease=lease,
-            release=True,
-            default_ttl=self._default_ttl,
-        )
-
-        def body(db: sqlite3.Connection) -> None:
-            [check] = fetch(db, sql.PUT_CHECK, params)
-            _upsert_writes(db, store(db, check), task_id, stored)
-
-        await self._db.write("put_with_writes_final", body)
+        await self._put(checkpoint, expected_head, lease, release=True, writes=(task_id, writes))
 
     async def put_writes(
         self,
