@@ -184,6 +184,17 @@ def _store_checkpoint(
     return seq
 
 
+def _stored_bytes(
+    params: Mapping[str, Any],
+    rows: Sequence[_rows.ChannelRow],
+    writes: Sequence[tuple[str, bytes]] = (),
+) -> int:
+    """The bytes of blobs and text one write stores: decides whether it may run on the loop."""
+    size = sum(len(v) for v in params.values() if isinstance(v, (bytes, str)))
+    size += sum(len(row[3]) for row in rows)
+    return size + sum(len(data) for _, data in writes)
+
+
 def _upsert_writes(
     db: sqlite3.Connection, seq: int, task_id: str, stored: Sequence[tuple[str, bytes]]
 ) -> None:
@@ -256,6 +267,13 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             metadata) with AES-GCM bound to its row; see :class:`~checkpointers.Encryption`.
         default_ttl: Seconds of inactivity after which a thread is deleted by :meth:`expire`,
             applied to threads created from now on; :meth:`set_ttl` sets it per thread.
+        loop_writes: ``True`` (default): a run's small commits (checkpoints and pending writes
+            up to 64 KiB, lease changes) run on the event loop's thread when the file is not
+            locked, in ``synchronous="NORMAL"``: 30-50 us of loop time instead of a round trip
+            to the connection's thread (about 0.12 ms on 2 CPUs). A locked file, a larger
+            write, ``synchronous="FULL"`` and ``":memory:"`` always use the connection's
+            thread, and the loop never waits on a lock or an fsync. ``False``: every statement
+            runs on the connection's thread (see :mod:`checkpointers._sqlite_db`).
     """
 
     snapshot_policy: SnapshotPolicy = SnapshotPolicy(max_depth=1000, ratio=3.0, min_bytes=65536)
@@ -295,6 +313,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         encryption: Encryption | None = None,
         default_ttl: float | None = None,
         wal_checkpoints: Literal["inline", "background"] = "inline",
+        loop_writes: bool = True,
     ) -> None:
         if default_ttl is not None and default_ttl < 0:
             raise ValueError(f"default_ttl must be >= 0 seconds, got {default_ttl}")
@@ -309,6 +328,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             busy_timeout=busy_timeout,
             functions=lite.FUNCTIONS,
             wal_checkpoints=wal_checkpoints,
+            loop_writes=loop_writes,
         )
         self._default_ttl = default_ttl
         self._codec = _rows.RowCodec(encryption, compact_metadata=True)
@@ -325,6 +345,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         encryption: Encryption | None = None,
         default_ttl: float | None = None,
         wal_checkpoints: Literal["inline", "background"] = "inline",
+        loop_writes: bool = True,
     ) -> AsyncIterator[Self]:
         """Open (creating or migrating the schema), yield, and close on exit.
 
@@ -340,6 +361,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             encryption=encryption,
             default_ttl=default_ttl,
             wal_checkpoints=wal_checkpoints,
+            loop_writes=loop_writes,
         )
         try:
             await cp.setup()
@@ -457,7 +479,8 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             seq = store(db, check)
             _upsert_writes(db, seq, task_id, stored)
 
-        await self._db.write("put" if writes is None else "put_with_writes_final", body)
+        op = "put" if writes is None else "put_with_writes_final"
+        await self._db.write(op, body, size=_stored_bytes(params, rows, stored))
 
     async def put_with_writes_final(
         self,
@@ -532,7 +555,8 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             if release and lease is not None:
                 fetch(db, sql.RELEASE_LEASE, {"thread_id": thread_id, "epoch": lease.epoch})
 
-        await self._db.write("put_writes_final" if release else "put_writes", body)
+        op = "put_writes_final" if release else "put_writes"
+        await self._db.write(op, body, size=_stored_bytes({}, (), stored))
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -668,7 +692,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         def body(db: sqlite3.Connection) -> Lease:
             return _acquire(db, thread_id, owner, ttl)
 
-        return await self._db.write("acquire_lease", body)
+        return await self._db.write("acquire_lease", body, size=0)
 
     async def acquire_lease_and_get(
         self,
@@ -738,6 +762,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             store(db, check, lease=lease)
             return lease, None, True
 
+        # Not on the loop: when the head moved, the body reads and decodes a whole checkpoint.
         return await self._db.write("acquire_lease", body)
 
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
@@ -758,7 +783,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
                 )
             return Lease(lease.thread_id, rows[0][0], lease.epoch, expires_at)
 
-        return await self._db.write("renew_lease", body)
+        return await self._db.write("renew_lease", body, size=0)
 
     async def release_lease(self, lease: Lease) -> None:
         """See :meth:`BaseCheckpointer.release_lease`."""
@@ -766,4 +791,4 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         def body(db: sqlite3.Connection) -> None:
             fetch(db, sql.RELEASE_LEASE, {"thread_id": lease.thread_id, "epoch": lease.epoch})
 
-        await self._db.write("release_lease", body)
+        await self._db.write("release_lease", body, size=0)

@@ -108,10 +108,11 @@ def build_crash_graph(cp: BaseCheckpointer, log: Path) -> CompiledGraph[Any]:
 
 
 async def _arm_kill(cp: SqliteCheckpointer, every: int) -> None:
-    """SIGKILL this process after ``every`` VM steps of the next statement on the writer.
+    """SIGKILL this process after ``every`` VM steps of the next statement on a writer.
 
-    The writer connection only runs write transactions, so the kill lands inside one: in
-    BEGIN IMMEDIATE, a check, an insert of a big blob, the head move or the commit.
+    The writer connections only run write transactions, so the kill lands inside one: in
+    BEGIN IMMEDIATE, a check, an insert of a big blob, the head move or the commit. Both the
+    writer's thread and the loop's own connection (small writes) are armed.
     """
     conns = await cp._db._connections()
 
@@ -120,6 +121,8 @@ async def _arm_kill(cp: SqliteCheckpointer, every: int) -> None:
         return 0
 
     await conns.writer.set_progress_handler(handler, every)
+    if conns.direct is not None:
+        conns.direct.set_progress_handler(handler, every)
 
 
 async def crash(db: Path, log: Path, plan: dict[str, Any]) -> None:

@@ -5,8 +5,8 @@
   the summary so a failure can be replayed with the same seed).
 - :data:`STATS`: the counters the terminal summary prints (kills, faults, hostile inputs, SQL).
 - :class:`SqlRecorder`: every SQL text the stores send to SQLite (through the connection proxy
-  :func:`checkpointers._sqlite_db._on_thread` hands to transaction bodies) and to PostgreSQL
-  (psycopg's async cursors), before parameters are bound.
+  :func:`checkpointers._sqlite_db._on_thread` and ``_on_loop`` hand to transaction bodies)
+  and to PostgreSQL (psycopg's async cursors), before parameters are bound.
 - :class:`AuditGuard`: a process-wide ``sys.addaudithook`` that, while armed, records every
   event that would mean stored bytes made this process run code (``os.system``,
   ``subprocess.Popen``, ``exec``, ``compile``, ``pickle.find_class``, new imports, ...) or
@@ -166,6 +166,15 @@ def install_recorders() -> Callable[[], None]:
 
     _sqlite_db._on_thread = on_thread  # type: ignore[assignment]
     undo.append(lambda: setattr(_sqlite_db, "_on_thread", original_on_thread))
+
+    # Small writes run on the loop's own connection (SqliteDatabase.write): same proxy.
+    original_on_loop = _sqlite_db._on_loop
+
+    def on_loop(db: Any, fn: Callable[[Any], Any]) -> Any:
+        return original_on_loop(db, lambda real: fn(_RecordingConnection(real)))
+
+    _sqlite_db._on_loop = on_loop
+    undo.append(lambda: setattr(_sqlite_db, "_on_loop", original_on_loop))
 
     with contextlib.suppress(ImportError):
         import psycopg
