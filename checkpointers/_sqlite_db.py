@@ -64,11 +64,15 @@ __all__ = [
     "ATTEMPTS",
     "AUTOCHECKPOINT",
     "CHECKPOINT_EVERY",
+    "DIRECT_MAX_BYTES",
+    "DIRECT_RUN",
     "WAL_SIZE_LIMIT",
+    "OffTheLoop",
     "SqliteDatabase",
     "WalCheckpoints",
     "fetch",
     "is_busy",
+    "on_loop",
 ]
 
 T = TypeVar("T")
@@ -153,6 +157,27 @@ async def _on_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connectio
     # Both names exist unchanged from aiosqlite 0.17 to 0.22; test_sqlite_storage pins them.
     execute = cast(Callable[..., Awaitable[T]], conn._execute)
     return await execute(fn, conn._conn)
+
+
+class OffTheLoop(Exception):
+    """Raised by a write's body on the event loop's thread to be run on the writer's instead.
+
+    For a body that finds, part way, that it must do more than its ``size`` promised (read and
+    decode a whole checkpoint): :meth:`SqliteDatabase.write` rolls the transaction back and
+    runs the body again on the writer's thread. See :func:`on_loop`.
+    """
+
+
+class _LoopConnection(sqlite3.Connection):
+    """The connection of writes on the event loop's thread (see :func:`on_loop`)."""
+
+    graphexec_on_loop = True
+
+
+def on_loop(db: sqlite3.Connection) -> bool:
+    """Whether a write's body is running on the event loop's thread (see :class:`OffTheLoop`)."""
+    # An attribute rather than isinstance(), so that a connection proxy passes it through.
+    return getattr(db, "graphexec_on_loop", False) is True
 
 
 def _on_loop(db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -618,7 +643,11 @@ class SqliteDatabase:
         """
         try:
             db = sqlite3.connect(
-                self._database, timeout=0, isolation_level=None, check_same_thread=False
+                self._database,
+                timeout=0,
+                isolation_level=None,
+                check_same_thread=False,
+                factory=_LoopConnection,
             )
         except sqlite3.Error as e:
             raise StorageError(f"cannot open SQLite database {self.where}: {e}") from e
@@ -677,7 +706,8 @@ class SqliteDatabase:
         and the body does no other heavy work (no decoding of large reads). A write of at most
         :data:`DIRECT_MAX_BYTES` then runs on the event loop's thread when it can without
         waiting (see the module docstring); one that finds the file locked is handed to the
-        writer's thread and retried there as usual.
+        writer's thread and retried there as usual, and so is one whose body raises
+        :class:`OffTheLoop`.
 
         A failure of the background WAL checkpoint is reported once, as a
         :class:`RuntimeWarning` from the next write (or from :meth:`aclose`): the commit itself
@@ -697,6 +727,8 @@ class SqliteDatabase:
                     if not is_busy(e):
                         raise self._storage_error(op, e, 1) from e
                     # Locked by someone else: wait for it on the writer's thread instead.
+                except OffTheLoop:
+                    pass  # rolled back; the body asked for the writer's thread
                 else:
                     conns.direct_writes += 1
                     if self._background:

@@ -54,7 +54,7 @@ from checkpointers import _sql as sql
 from checkpointers import _sqlite_sql as lite
 from checkpointers._crypto import Encryption
 from checkpointers._reads import SqlReads
-from checkpointers._sqlite_db import SqliteDatabase, fetch
+from checkpointers._sqlite_db import OffTheLoop, SqliteDatabase, fetch, on_loop
 from graphexec._checkpoint import (
     BaseCheckpointer,
     Checkpoint,
@@ -268,9 +268,10 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         default_ttl: Seconds of inactivity after which a thread is deleted by :meth:`expire`,
             applied to threads created from now on; :meth:`set_ttl` sets it per thread.
         loop_writes: ``True`` (default): a run's small commits (checkpoints and pending writes
-            up to 64 KiB, lease changes) run on the event loop's thread when the file is not
-            locked, in ``synchronous="NORMAL"``: 30-50 us of loop time instead of a round trip
-            to the connection's thread (about 0.12 ms on 2 CPUs). A locked file, a larger
+            up to 64 KiB, lease changes, a run's start unless it must read a whole checkpoint)
+            run on the event loop's thread when the file is not locked, in
+            ``synchronous="NORMAL"``: about 55 us of loop time instead of a round trip to the
+            connection's thread (about 0.12 ms on 2 CPUs). A locked file, a larger
             write, ``synchronous="FULL"`` and ``":memory:"`` always use the connection's
             thread, and the loop never waits on a lock or an fsync. ``False``: every statement
             runs on the connection's thread (see :mod:`checkpointers._sqlite_db`).
@@ -721,7 +722,9 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             rows = fetch(db, lite.GET_CHECKPOINT, params)
             return lease, codec.checkpoint_tuple(thread_id, "", rows, known)
 
-        return await self._db.write("acquire_lease", body)
+        # On the loop only when the caller holds a checkpoint of the thread: the read then
+        # stops at it (usually at once) instead of folding a whole delta chain there.
+        return await self._db.write("acquire_lease", body, size=None if known is None else 0)
 
     async def acquire_lease_and_put(
         self,
@@ -757,13 +760,16 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             lease = _acquire(db, cp.thread_id, owner, ttl)
             [check] = fetch(db, sql.PUT_CHECK, params)
             if _rows.id_text(check[0]) != expected_head:
+                if known is None and check[0] is not None and on_loop(db):
+                    raise OffTheLoop  # a whole checkpoint to read: not on the loop
                 rows = fetch(db, lite.GET_CHECKPOINT, read)
                 return lease, codec.checkpoint_tuple(cp.thread_id, "", rows, known), False
             store(db, check, lease=lease)
             return lease, None, True
 
-        # Not on the loop: when the head moved, the body reads and decodes a whole checkpoint.
-        return await self._db.write("acquire_lease", body)
+        # When the head is not the expected one, the body reads it instead (from ``known``
+        # on, as acquire_lease_and_get does); without ``known`` it does that off the loop.
+        return await self._db.write("acquire_lease", body, size=_stored_bytes(params, rows))
 
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
         """See :meth:`BaseCheckpointer.renew_lease`."""

@@ -193,6 +193,27 @@ async def test_a_failed_write_on_the_loop_leaves_nothing(tmp_path: Path) -> None
     assert count_rows(path) == 2
 
 
+async def test_a_body_can_move_itself_to_the_writer_thread(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    db = database(path)
+    ran: list[tuple[int, bool]] = []
+    try:
+
+        def body(c: sqlite3.Connection) -> str:
+            ran.append((threading.get_ident(), sqlite_db.on_loop(c)))
+            c.execute("INSERT INTO rows (body) VALUES (x'01')")
+            if sqlite_db.on_loop(c):
+                raise sqlite_db.OffTheLoop
+            return "stored"
+
+        assert await db.write("insert", body, size=1) == "stored"
+    finally:
+        await db.aclose()
+    here = threading.get_ident()
+    assert [(t == here, flag) for t, flag in ran] == [(True, True), (False, False)]
+    assert count_rows(path) == 1  # the attempt on the loop was rolled back
+
+
 async def test_a_write_cut_short_before_its_rollback_is_rolled_back_first(tmp_path: Path) -> None:
     """A signal can land between a body and its rollback on the loop's thread; the next write
     must not find the connection stuck inside that transaction."""
@@ -282,7 +303,7 @@ def count_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 async def test_a_run_commits_its_steps_on_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop_writes: bool
 ) -> None:
-    """A 5-node run: its start (lease, input checkpoint) on the writer's thread, its 5 step
+    """A 5-node run on a new thread: its start (lease and input checkpoint) and its 5 step
     commits (the last one releasing the lease) on the loop; with ``loop_writes=False`` all
     on the writer's thread. The stored history is the same."""
     async with SqliteCheckpointer.open(tmp_path / "cp.db", loop_writes=loop_writes) as cp:
@@ -293,8 +314,37 @@ async def test_a_run_commits_its_steps_on_the_loop(
         used = dict(calls)
         assert out == {"n": 5, "log": ["s0", "s1", "s2", "s3", "s4"]}
         history = [s.values for s in await graph.aget_state_history(thread_id="t")]
-    assert used == ({"loop": 5, "thread": 1} if loop_writes else {"loop": 0, "thread": 6})
+    assert used == ({"loop": 6, "thread": 0} if loop_writes else {"loop": 0, "thread": 6})
     assert [v["n"] for v in history] == [5, 4, 3, 2, 1, 0]
+
+
+async def test_a_run_reads_a_thread_it_does_not_hold_on_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting a run reads the thread's head in the lease's transaction. A graph that holds
+    a checkpoint of the thread reads on the loop (from that checkpoint on); one that holds
+    none (another graph object, another process) must read and fold the whole head: that
+    transaction runs on the writer's thread, whether the run resumes (``None``) or brings
+    input (its start on the loop finds the head moved and hands itself over)."""
+    async with SqliteCheckpointer.open(tmp_path / "cp.db") as cp:
+        await chain_graph(cp).ainvoke({"n": 0, "log": []}, thread_id="t")
+        calls = count_calls(monkeypatch)
+
+        warm = chain_graph(cp)
+        await warm.ainvoke({"n": 10, "log": []}, thread_id="t")
+        await warm.ainvoke({"n": 20, "log": []}, thread_id="t")  # holds t's head now
+        calls.update(loop=0, thread=0)
+        assert (await warm.ainvoke(None, thread_id="t"))["n"] == 25  # nothing left to run
+        assert calls == {"loop": 2, "thread": 0}  # lease and read, release
+
+        calls.update(loop=0, thread=0)
+        assert (await chain_graph(cp).ainvoke(None, thread_id="t"))["n"] == 25
+        assert calls == {"loop": 1, "thread": 1}  # lease and read on the thread, release
+
+        calls.update(loop=0, thread=0)
+        out = await chain_graph(cp).ainvoke({"n": 30, "log": []}, thread_id="t")
+        assert calls == {"loop": 7, "thread": 1}  # tried on the loop, read on the thread
+        assert out["n"] == 35 and len(out["log"]) == 20
 
 
 async def test_a_big_checkpoint_is_written_on_the_writer_thread(
@@ -315,5 +365,5 @@ async def test_a_big_checkpoint_is_written_on_the_writer_thread(
         calls = count_calls(monkeypatch)
         out = await graph.ainvoke({"blob": b""}, thread_id="t")
     assert out == {"blob": b"small"}
-    # start (thread), grow's checkpoint (> DIRECT_MAX_BYTES: thread), shrink's (loop)
-    assert calls == {"loop": 1, "thread": 2}
+    # start (loop), grow's checkpoint (> DIRECT_MAX_BYTES: thread), shrink's (loop)
+    assert calls == {"loop": 2, "thread": 1}
