@@ -702,12 +702,12 @@ class SqliteDatabase:
         transaction back and propagates; SQLite errors become
         :class:`~graphexec.errors.StorageError`.
 
-        ``size``: the bytes of stored data the transaction writes, when the caller knows them
-        and the body does no other heavy work (no decoding of large reads). A write of at most
-        :data:`DIRECT_MAX_BYTES` then runs on the event loop's thread when it can without
-        waiting (see the module docstring); one that finds the file locked is handed to the
-        writer's thread and retried there as usual, and so is one whose body raises
-        :class:`OffTheLoop`.
+        ``size``: the bytes (or characters of text) of data the transaction stores, when the
+        caller knows them and the body does no other heavy work (no decoding of large reads).
+        A write of at most :data:`DIRECT_MAX_BYTES` then runs on the event loop's thread when
+        it can without waiting (see the module docstring); one that finds the file locked is
+        handed to the writer's thread and retried there as usual, and so is one whose body
+        raises :class:`OffTheLoop`.
 
         A failure of the background WAL checkpoint is reported once, as a
         :class:`RuntimeWarning` from the next write (or from :meth:`aclose`): the commit itself

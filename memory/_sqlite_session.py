@@ -273,7 +273,8 @@ class SqliteSession(SqliteHandle, Session):
             if encoded:
                 _insert_items(db, session_id, encoded, now_micros())
 
-        await self._db.write("add_items", body)
+        size = sum(len(text) + len(terms) for text, terms in encoded)
+        await self._db.write("add_items", body, size=size)  # small: on the loop's thread
 
     async def pop_item(self) -> Item | None:
         """Remove and return the newest item of the context (``None`` when it is empty).

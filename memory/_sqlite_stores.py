@@ -218,7 +218,7 @@ class SqliteFactStore(SqliteHandle, FactStore):
             return result
 
         # A repeated op_key returns the first put's fact, whatever this call passed.
-        result = await self._db.write("fact put", body)
+        result = await self._db.write("fact put", body, size=len(text) + len(terms))
         return Fact(
             namespace=check_namespace(namespace),
             key=key,
@@ -465,7 +465,8 @@ class SqliteBlockStore(SqliteHandle, BlockStore):
             db.execute(_CREATE_BLOCK, {**params, "version": version, "now": now_micros()})
             return version
 
-        version = await self._db.write("block create", body)
+        size = len(block.value) + len(block.description)
+        version = await self._db.write("block create", body, size=size)
         return dataclasses.replace(block, version=version)
 
     async def get(self, label: str) -> Block | None:

@@ -27,6 +27,7 @@ from checkpointers import _sqlite_db as sqlite_db
 from checkpointers._sqlite_db import DIRECT_MAX_BYTES, DIRECT_RUN, SqliteDatabase
 from graphexec import END, START, StateGraph
 from graphexec.errors import StorageError
+from memory import Block, SqliteMemory
 
 MIGRATIONS = [
     "CREATE TABLE IF NOT EXISTS versions (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)",
@@ -367,3 +368,25 @@ async def test_a_big_checkpoint_is_written_on_the_writer_thread(
     assert out == {"blob": b"small"}
     # start (loop), grow's checkpoint (> DIRECT_MAX_BYTES: thread), shrink's (loop)
     assert calls == {"loop": 2, "thread": 1}
+
+
+async def test_memory_stores_write_small_changes_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session items, facts and new blocks: on the loop when small, else on the writer."""
+    async with SqliteMemory.open(tmp_path / "memory.db") as mem:
+        session = mem.session("s1")
+        await session.add_items([{"role": "user", "content": "warm"}])  # connections, schema
+        calls = count_calls(monkeypatch)
+        await session.add_items([{"role": "user", "content": "I'm vegetarian."}])
+        await mem.facts.put(("user", "42"), "diet", "vegetarian")
+        await mem.blocks.create(Block("human", "Name: Ada", limit=2000))
+        assert calls == {"loop": 3, "thread": 0}
+        calls.update(loop=0, thread=0)
+        await session.add_items([{"role": "user", "content": "x" * DIRECT_MAX_BYTES}])
+        await mem.facts.put(("user", "42"), "essay", "y" * DIRECT_MAX_BYTES)
+        assert calls == {"loop": 0, "thread": 2}
+        items = await session.get_items()
+        assert [i["content"][:15] for i in items] == ["warm", "I'm vegetarian.", "x" * 15]
+        fact = await mem.facts.get(("user", "42"), "diet")
+        assert fact is not None and fact.value == "vegetarian"
