@@ -3,9 +3,13 @@
 Sync nodes may block (an LLM call), so they never run on the event loop. ``asyncio.to_thread``
 hands each call to the loop's default executor: a ``concurrent.futures`` work item and future,
 a shared work queue woken through a lock, an idle semaphore, and an asyncio future chained to
-the concurrent one. For a node that returns in microseconds the hop is most of its step: about
-40 us, against about 16 us here (a trivial function awaited 5,000 times on 2 cores), which is
-what the two thread wake-ups every hop needs cost.
+the concurrent one. For a node that returns in microseconds the hop is most of its step. A
+trivial function awaited 5,000 times on 2 vCPUs: 32 us against 14 us here when both threads
+share one CPU (``taskset -c 0``), which is what the two thread wake-ups every hop needs cost;
+93 us against 75 us when they run on different vCPUs, as the scheduler places them on an idle
+machine: a wake-up across vCPUs of that VM costs ~30 us (an inter-processor interrupt to a
+halted vCPU), and that, not this code, is most of a sync node's hop there. ``async def``
+nodes run on the loop and have no hop.
 
 :func:`run_in_thread` keeps, per event loop, a small pool of long-lived daemon worker threads
 (the same size bound as the default executor) in the style of AnyIO's worker threads: each
