@@ -13,15 +13,15 @@ give :class:`SqliteDatabase` your own migration list and version table.
   is then retried whole, a few times, with jittered backoff. Any failure rolls it back; driver
   errors surface as :class:`~graphexec.errors.StorageError` naming the file and the operation.
 - Small writes run on the event loop's own thread (``loop_writes``, on by default for files
-  in ``synchronous=NORMAL``): a few rows committed to the WAL without an fsync take 30-50 us
-  of CPU, less than the two thread wake-ups a hop to the connection's thread costs on a small
-  VM (~75 us measured on 2 CPUs). Such a write never waits on the loop: its connection has no
-  busy timeout, so a file locked by anyone else sends the write to the writer's thread, which
-  waits and retries as above; nor does it ever checkpoint (``wal_autocheckpoint=0``): every
-  :data:`DIRECT_RUN`-th write goes to the writer's thread, whose commit runs SQLite's
-  autocheckpoint when the WAL is due. Callers opt in per write, for transactions they know to
-  be small (:data:`DIRECT_MAX_BYTES`); ``synchronous=FULL`` (an fsync per commit) and
-  ``":memory:"`` never write on the loop.
+  in ``synchronous=NORMAL``): a chain step's checkpoint, a few rows committed to the WAL
+  without an fsync, takes about 55 us there, against a ~120 us round trip to the connection's
+  thread on 2 vCPUs, most of it two thread wake-ups. Such a write never waits on the loop:
+  its connection has no busy timeout, so a file locked by anyone else sends the write to the
+  writer's thread, which waits and retries as above; nor does it ever checkpoint
+  (``wal_autocheckpoint=0``): every :data:`DIRECT_RUN`-th write goes to the writer's thread,
+  whose commit runs SQLite's autocheckpoint when the WAL is due. Callers opt in per write, for
+  transactions they know to be small (:data:`DIRECT_MAX_BYTES`); ``synchronous=FULL`` (an
+  fsync per commit) and ``":memory:"`` never write on the loop.
 - Reads are single statements on the reader connection (``query_only``), so each is one
   consistent snapshot and never waits behind a write.
 - WAL checkpoints: by default SQLite's own (``wal_autocheckpoint=1000`` pages), which make
@@ -265,7 +265,12 @@ class _LoopConnections:
         return [self.writer] if self.reader is self.writer else [self.writer, self.reader]
 
     def close_direct(self) -> None:
-        """Close the direct connection, if any (from any thread: it is never mid-use then)."""
+        """Close the direct connection, if any, from any thread.
+
+        A write of its loop still running on it then fails with a
+        :class:`~graphexec.errors.StorageError`, as one on the connections' threads does when
+        the store is closed under it.
+        """
         direct, self.direct = self.direct, None
         if direct is not None:
             with contextlib.suppress(sqlite3.Error):
@@ -715,26 +720,30 @@ class SqliteDatabase:
         """
         conns = await self._connections()
         direct = conns.direct
-        if direct is not None and size is not None and size <= DIRECT_MAX_BYTES:
-            if conns.direct_writes < DIRECT_RUN:
-                try:
-                    if direct.in_transaction:
-                        # A signal (KeyboardInterrupt) on this thread cut an earlier write
-                        # short before its rollback: finish that rollback first.
-                        direct.rollback()
-                    result = _on_loop(direct, lambda db: _in_transaction(db, body))
-                except sqlite3.Error as e:
-                    if not is_busy(e):
-                        raise self._storage_error(op, e, 1) from e
-                    # Locked by someone else: wait for it on the writer's thread instead.
-                except OffTheLoop:
-                    pass  # rolled back; the body asked for the writer's thread
-                else:
-                    conns.direct_writes += 1
-                    if self._background:
-                        self._committed()
-                    return result
-            conns.direct_writes = 0
+        if (
+            direct is not None
+            and size is not None
+            and size <= DIRECT_MAX_BYTES
+            and conns.direct_writes < DIRECT_RUN
+        ):
+            try:
+                if direct.in_transaction:
+                    # A signal (KeyboardInterrupt) on this thread cut an earlier write short
+                    # before its rollback: finish that rollback first.
+                    direct.rollback()
+                result = _on_loop(direct, lambda db: _in_transaction(db, body))
+            except sqlite3.Error as e:
+                if not is_busy(e):
+                    raise self._storage_error(op, e, 1) from e
+                # Locked by someone else: wait for it on the writer's thread instead.
+            except OffTheLoop:
+                pass  # rolled back; the body asked for the writer's thread
+            else:
+                conns.direct_writes += 1
+                if self._background:
+                    self._committed()
+                return result
+        conns.direct_writes = 0  # this commit may run SQLite's autocheckpoint
         result = await self._retrying(
             op, lambda: _on_thread(conns.writer, lambda db: _in_transaction(db, body))
         )
