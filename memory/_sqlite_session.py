@@ -274,7 +274,7 @@ class SqliteSession(SqliteHandle, Session):
                 _insert_items(db, session_id, encoded, now_micros())
 
         size = sum(len(text) + len(terms) for text, terms in encoded)
-        await self._db.write("add_items", body, size=size)  # small: on the loop's thread
+        await self._db.write("add_items", body, size=size)  # on the loop's thread when small
 
     async def pop_item(self) -> Item | None:
         """Remove and return the newest item of the context (``None`` when it is empty).
