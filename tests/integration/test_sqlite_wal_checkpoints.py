@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -213,15 +214,34 @@ async def test_a_memory_database_has_no_checkpoint_thread() -> None:
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
-async def test_aclose_joins_the_thread(tmp_path: Path) -> None:
+async def test_aclose_waits_for_a_running_checkpoint_and_joins_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint in progress when aclose() is called finishes first, without a warning."""
+    entered, release = threading.Event(), threading.Event()
+    connect = WalCheckpoints._connect
+
+    def slow_connect(self: WalCheckpoints) -> sqlite3.Connection:
+        entered.set()
+        release.wait(10)  # the first checkpoint runs until the test lets it go on
+        return connect(self)
+
+    monkeypatch.setattr(WalCheckpoints, "_connect", slow_connect)
     path = tmp_path / "db.sqlite"
     db = database(path)
-    await insert(db, CHECKPOINT_EVERY)
+    await insert(db, CHECKPOINT_EVERY)  # the thread starts, and checkpoints
+    assert entered.wait(10)
     [thread] = wal_threads(path)
     assert thread.daemon
-    await insert(db, 2 * CHECKPOINT_EVERY, size=8000)  # likely still being checkpointed
-    await db.aclose()
-    assert not thread.is_alive()
+    checkpoints = checkpoints_of(db)
+    assert checkpoints.runs == 0  # still in its first checkpoint
+    threading.Timer(0.2, release.set).start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # finishing within the wait warns about nothing
+        await db.aclose()
+    assert release.is_set()  # aclose returned only after the checkpoint was let go ...
+    assert not thread.is_alive()  # ... and had ended
+    assert checkpoints.runs == 1 and checkpoints.failures == 0
     assert wal_threads() == []
 
 
