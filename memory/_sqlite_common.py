@@ -166,6 +166,7 @@ def open_database(
     owner: str,
     synchronous: Synchronous,
     busy_timeout: float,
+    loop_writes: bool = True,
 ) -> SqliteDatabase:
     """A :class:`SqliteDatabase` with the memory schema (``None``: a private in-memory one)."""
     return SqliteDatabase(
@@ -175,6 +176,7 @@ def open_database(
         version_table=VERSION_TABLE,
         synchronous=synchronous,
         busy_timeout=busy_timeout,
+        loop_writes=loop_writes,
     )
 
 

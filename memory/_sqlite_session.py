@@ -172,6 +172,9 @@ class SqliteSession(SqliteHandle, Session):
         synchronous: SQLite's ``synchronous`` pragma: ``"NORMAL"`` (safe against process
             crashes) or ``"FULL"`` (also against power loss).
         busy_timeout: Seconds a write waits for another connection's lock before retrying.
+        loop_writes: Small writes (new items) run on the event loop's
+            thread in ``synchronous="NORMAL"`` (see :class:`~checkpointers.SqliteCheckpointer`);
+            ``False`` keeps every statement on the connection's thread.
     """
 
     def __init__(
@@ -181,6 +184,7 @@ class SqliteSession(SqliteHandle, Session):
         *,
         synchronous: Synchronous = "NORMAL",
         busy_timeout: float = 5.0,
+        loop_writes: bool = True,
     ) -> None:
         self.session_id = check_text(session_id, "session id")
         db = open_database(
@@ -188,6 +192,7 @@ class SqliteSession(SqliteHandle, Session):
             owner=f"SqliteSession({session_id!r}, {None if path is None else os.fspath(path)!r})",
             synchronous=synchronous,
             busy_timeout=busy_timeout,
+            loop_writes=loop_writes,
         )
         self._init_handle(db, owns=True)
 
@@ -208,12 +213,19 @@ class SqliteSession(SqliteHandle, Session):
         *,
         synchronous: Synchronous = "NORMAL",
         busy_timeout: float = 5.0,
+        loop_writes: bool = True,
     ) -> AsyncIterator[Self]:
         """Open the session's database (creating the schema), yield it, close it on exit.
 
         Takes the same arguments as the constructor.
         """
-        session = cls(session_id, path, synchronous=synchronous, busy_timeout=busy_timeout)
+        session = cls(
+            session_id,
+            path,
+            synchronous=synchronous,
+            busy_timeout=busy_timeout,
+            loop_writes=loop_writes,
+        )
         try:
             await session.setup()
             yield session

@@ -139,6 +139,9 @@ class SqliteFactStore(SqliteHandle, FactStore):
         path: The database file; ``None`` for a private in-memory database.
         synchronous: SQLite's ``synchronous`` pragma.
         busy_timeout: Seconds a write waits for another connection's lock before retrying.
+        loop_writes: Small writes (a fact's put) run on the event loop's
+            thread in ``synchronous="NORMAL"`` (see :class:`~checkpointers.SqliteCheckpointer`);
+            ``False`` keeps every statement on the connection's thread.
     """
 
     def __init__(
@@ -147,12 +150,14 @@ class SqliteFactStore(SqliteHandle, FactStore):
         *,
         synchronous: Synchronous = "NORMAL",
         busy_timeout: float = 5.0,
+        loop_writes: bool = True,
     ) -> None:
         db = open_database(
             path,
             owner=f"SqliteFactStore({None if path is None else os.fspath(path)!r})",
             synchronous=synchronous,
             busy_timeout=busy_timeout,
+            loop_writes=loop_writes,
         )
         self._init_handle(db, owns=True)
 
@@ -385,6 +390,9 @@ class SqliteBlockStore(SqliteHandle, BlockStore):
             never see each other's blocks.
         synchronous: SQLite's ``synchronous`` pragma.
         busy_timeout: Seconds a write waits for another connection's lock before retrying.
+        loop_writes: Small writes (a new block) run on the event loop's
+            thread in ``synchronous="NORMAL"`` (see :class:`~checkpointers.SqliteCheckpointer`);
+            ``False`` keeps every statement on the connection's thread.
     """
 
     namespace: Namespace
@@ -397,6 +405,7 @@ class SqliteBlockStore(SqliteHandle, BlockStore):
         namespace: Namespace = (),
         synchronous: Synchronous = "NORMAL",
         busy_timeout: float = 5.0,
+        loop_writes: bool = True,
     ) -> None:
         self.namespace = check_namespace(namespace)
         self._ns = encode_namespace(self.namespace)
@@ -408,6 +417,7 @@ class SqliteBlockStore(SqliteHandle, BlockStore):
             ),
             synchronous=synchronous,
             busy_timeout=busy_timeout,
+            loop_writes=loop_writes,
         )
         self._init_handle(db, owns=True)
 

@@ -60,6 +60,9 @@ class SqliteMemory:
         synchronous: SQLite's ``synchronous`` pragma: ``"NORMAL"`` (safe against process
             crashes) or ``"FULL"`` (also against power loss; one fsync per write).
         busy_timeout: Seconds a write waits for another connection's lock before retrying.
+        loop_writes: Small writes (new session items, facts and blocks) run on the event loop's
+            thread in ``synchronous="NORMAL"`` (see :class:`~checkpointers.SqliteCheckpointer`);
+            ``False`` keeps every statement on the connection's thread.
         embedder: The archival tier's embedder (its default when ``None``).
     """
 
@@ -69,6 +72,7 @@ class SqliteMemory:
         *,
         synchronous: Synchronous = "NORMAL",
         busy_timeout: float = 5.0,
+        loop_writes: bool = True,
         embedder: Embedder | None = None,
     ) -> None:
         self._path = path
@@ -77,6 +81,7 @@ class SqliteMemory:
             owner=f"SqliteMemory({None if path is None else os.fspath(path)!r})",
             synchronous=synchronous,
             busy_timeout=busy_timeout,
+            loop_writes=loop_writes,
         )
         self._embedder = embedder
         self._facts = SqliteFactStore._attach(self._db)
@@ -93,13 +98,20 @@ class SqliteMemory:
         *,
         synchronous: Synchronous = "NORMAL",
         busy_timeout: float = 5.0,
+        loop_writes: bool = True,
         embedder: Embedder | None = None,
     ) -> AsyncIterator[Self]:
         """Open the database (creating or migrating the schema), yield, and close on exit.
 
         Takes the same arguments as the constructor.
         """
-        mem = cls(path, synchronous=synchronous, busy_timeout=busy_timeout, embedder=embedder)
+        mem = cls(
+            path,
+            synchronous=synchronous,
+            busy_timeout=busy_timeout,
+            loop_writes=loop_writes,
+            embedder=embedder,
+        )
         try:
             await mem.setup()
             yield mem

@@ -27,7 +27,7 @@ from checkpointers import _sqlite_db as sqlite_db
 from checkpointers._sqlite_db import DIRECT_MAX_BYTES, DIRECT_RUN, SqliteDatabase
 from graphexec import END, START, StateGraph
 from graphexec.errors import StorageError
-from memory import Block, SqliteMemory
+from memory import Block, SqliteBlockStore, SqliteFactStore, SqliteMemory, SqliteSession
 
 MIGRATIONS = [
     "CREATE TABLE IF NOT EXISTS versions (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)",
@@ -390,3 +390,25 @@ async def test_memory_stores_write_small_changes_on_the_loop(
         assert [i["content"][:15] for i in items] == ["warm", "I'm vegetarian.", "x" * 15]
         fact = await mem.facts.get(("user", "42"), "diet")
         assert fact is not None and fact.value == "vegetarian"
+
+
+async def test_memory_stores_can_keep_every_write_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteMemory.open(tmp_path / "memory.db", loop_writes=False) as mem:
+        session = mem.session("s1")
+        await session.add_items([{"role": "user", "content": "warm"}])
+        calls = count_calls(monkeypatch)
+        await session.add_items([{"role": "user", "content": "I'm vegetarian."}])
+        await mem.facts.put(("user", "42"), "diet", "vegetarian")
+        await mem.blocks.create(Block("human", "Name: Ada", limit=2000))
+        assert calls == {"loop": 0, "thread": 3}
+    for store in (
+        SqliteSession("s", tmp_path / "a.db", loop_writes=False),
+        SqliteFactStore(tmp_path / "b.db", loop_writes=False),
+        SqliteBlockStore(tmp_path / "c.db", loop_writes=False),
+    ):
+        try:
+            assert not store._db.loop_writes
+        finally:
+            await store.aclose()
