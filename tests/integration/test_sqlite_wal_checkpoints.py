@@ -214,19 +214,30 @@ async def test_a_memory_database_has_no_checkpoint_thread() -> None:
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
-async def test_aclose_waits_for_a_running_checkpoint_and_joins_the_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A checkpoint in progress when aclose() is called finishes first, without a warning."""
+def hold_first_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[threading.Event, threading.Event]:
+    """Make the checkpoint thread's first checkpoint wait: ``(entered, release)``.
+
+    ``entered`` is set once the thread is inside it; it runs on when ``release`` is set.
+    """
     entered, release = threading.Event(), threading.Event()
     connect = WalCheckpoints._connect
 
     def slow_connect(self: WalCheckpoints) -> sqlite3.Connection:
         entered.set()
-        release.wait(10)  # the first checkpoint runs until the test lets it go on
+        release.wait(10)
         return connect(self)
 
     monkeypatch.setattr(WalCheckpoints, "_connect", slow_connect)
+    return entered, release
+
+
+async def test_aclose_waits_for_a_running_checkpoint_and_joins_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint in progress when aclose() is called finishes first, without a warning."""
+    entered, release = hold_first_checkpoint(monkeypatch)
     path = tmp_path / "db.sqlite"
     db = database(path)
     await insert(db, CHECKPOINT_EVERY)  # the thread starts, and checkpoints
@@ -249,15 +260,7 @@ async def test_aclose_warns_when_a_checkpoint_outlasts_its_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A checkpoint still running after the wait is said so, never passed over in silence."""
-    entered, release = threading.Event(), threading.Event()
-    connect = WalCheckpoints._connect
-
-    def slow_connect(self: WalCheckpoints) -> sqlite3.Connection:
-        entered.set()
-        release.wait(10)  # the first checkpoint is as slow as the test wants
-        return connect(self)
-
-    monkeypatch.setattr(WalCheckpoints, "_connect", slow_connect)
+    entered, release = hold_first_checkpoint(monkeypatch)
     monkeypatch.setattr(sqlite_db, "_STOP_TIMEOUT", 0.05)
     path = tmp_path / "db.sqlite"
     db = database(path)
