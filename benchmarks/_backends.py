@@ -99,6 +99,7 @@ class Env:
         tmp: Folder for SQLite files (one per batch, deleted after it).
         dsn: PostgreSQL server to create a database per batch in.
         synchronous: SQLite ``synchronous`` forced on both systems (``None``: their defaults).
+        prepare: graphexec's PostgreSQL store prepares its statements (``prepare=True``).
         label_durability: Show the durability in the case's label.
     """
 
@@ -107,6 +108,7 @@ class Env:
     tmp: Path
     dsn: str | None = None
     synchronous: str | None = None
+    prepare: bool = False
     label_durability: bool = False
 
     @property
@@ -139,7 +141,7 @@ class Env:
             await _pg_admin(self.dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
             try:
                 dsn = psycopg.conninfo.make_conninfo(self.dsn, dbname=db)
-                yield Storage(Location("postgres", dsn=dsn))
+                yield Storage(Location("postgres", dsn=dsn, prepare=self.prepare))
             finally:
                 await _pg_admin(
                     self.dsn,

@@ -90,6 +90,13 @@ def _parser() -> argparse.ArgumentParser:
         "each library's own: graphexec NORMAL, LangGraph's saver FULL)",
     )
     p.add_argument(
+        "--postgres-prepare",
+        action="store_true",
+        help="open graphexec's PostgresCheckpointer with prepare=True, as LangGraph's saver "
+        "prepares every statement (default: graphexec's own default, prepare=False, which "
+        "works through any transaction-mode pooler)",
+    )
+    p.add_argument(
         "--tmpdir",
         type=Path,
         default=None,
@@ -142,6 +149,10 @@ def _meta(
         "sqlite synchronous": f"{sync} on both"
         if sync
         else "library defaults: graphexec NORMAL, LangGraph FULL (both WAL)",
+        "postgres statements": "prepared on both (graphexec prepare=True)"
+        if args.postgres_prepare
+        else "graphexec unprepared (its default, prepare=False); LangGraph prepared "
+        "(prepare_threshold=0)",
         "sqlite files in": str(tmp),
         "load average (1, 5, 15 min) at start": _load(),
         "rounds": args.repeat,
@@ -204,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tmp=tmp,
                 dsn=args.dsn,
                 synchronous=args.sqlite_synchronous,
+                prepare=args.postgres_prepare,
             ):
                 result = run_workload(
                     workload, env, systems, repeat=args.repeat, progress=_progress

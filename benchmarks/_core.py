@@ -278,6 +278,7 @@ def cases(
     tmp: Path,
     dsn: str | None = None,
     synchronous: str | None = None,
+    prepare: bool = False,
 ) -> list[Env]:
     """The cases ``workload`` runs as: one per selected backend it supports and, on persistent
     backends, one per selected durability mode it is measured in.
@@ -294,13 +295,21 @@ def cases(
         if backend not in backends:
             continue
         if backend == "memory":
-            out.append(Env(backend, "sync", tmp, dsn, synchronous))
+            out.append(Env(backend, "sync", tmp, dsn, synchronous, prepare))
             continue
         modes = [m for m in durabilities if m in workload.durabilities]
         if len(workload.durabilities) == 1:
             modes = list(workload.durabilities)
         for mode in modes:
             out.append(
-                Env(backend, cast(Durability, mode), tmp, dsn, synchronous, label_durability=True)
+                Env(
+                    backend,
+                    cast(Durability, mode),
+                    tmp,
+                    dsn,
+                    synchronous,
+                    prepare,
+                    label_durability=True,
+                )
             )
     return out

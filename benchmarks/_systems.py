@@ -27,6 +27,11 @@ postgres  ``PostgresCheckpointer(dsn)``   ``AsyncPostgresSaver`` (langgraph-chec
 Each library keeps its own SQLite settings unless ``--sqlite-synchronous`` forces one: both use
 WAL, but graphexec defaults to ``synchronous=NORMAL`` and LangGraph's saver to SQLite's default
 ``FULL`` (an fsync of the WAL at every commit).
+
+On PostgreSQL, LangGraph's ``AsyncPostgresSaver.from_conn_string`` prepares every statement
+(``prepare_threshold=0``), while ``PostgresCheckpointer`` defaults to ``prepare=False``, the
+setting that works through any transaction-mode pooler. ``--postgres-prepare`` measures
+graphexec with ``prepare=True``, like for like.
 """
 
 from __future__ import annotations
@@ -86,12 +91,15 @@ class Location:
         dsn: The PostgreSQL connection string (``postgres``).
         synchronous: SQLite ``synchronous`` to force on both systems; ``None`` keeps each
             library's default.
+        prepare: Open graphexec's ``PostgresCheckpointer`` with ``prepare=True`` (LangGraph's
+            saver always prepares its statements).
     """
 
     backend: str
     path: Path | None = None
     dsn: str | None = None
     synchronous: str | None = None
+    prepare: bool = False
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -211,7 +219,7 @@ class GraphexecAdapter(Adapter):
             async with SqliteCheckpointer.open(where.path, synchronous=sync) as cp:
                 yield cp
         elif where.backend == "postgres":
-            cp = _postgres_checkpointer()(where.dsn)
+            cp = _postgres_checkpointer()(where.dsn, prepare=where.prepare)
             await cp.setup()
             try:
                 yield cp

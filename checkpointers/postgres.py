@@ -25,8 +25,10 @@ The statements a run repeats are server-side PL/pgSQL functions (``graphexec_put
 ``graphexec_put_writes``, ``graphexec_get``, ``graphexec_acquire_get``,
 ``graphexec_acquire_put``; see
 :mod:`checkpointers._sql`). PostgreSQL keeps a function's plans for the life of the server
-connection, so they are planned once per connection rather than per call -- the gain of prepared
-statements, without client-side prepared statements, so transaction-mode poolers work too.
+connection, so their statements are planned once per connection rather than per call -- most of
+the gain of prepared statements, without server-side prepared statements, so transaction-mode
+poolers work too. (Only the short call itself is still parsed every time; ``prepare=True``
+saves that as well.)
 - Every operation takes its locks in one order -- lease row, head rows (by namespace), then
   checkpoint and thread rows -- so concurrent writers, pruners and the expiry sweep cannot
   deadlock.
@@ -295,8 +297,9 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         pool_timeout: Seconds an operation waits for a free connection before
             :class:`~graphexec.errors.StorageError`.
         prepare: Use server-side prepared statements for frequent statements (direct
-            connections, or a pooler that supports them). Parsing and planning the commit
-            statement costs more than running it: prepared, a commit takes about half the time.
+            connections, or a pooler that supports them). The server then no longer parses
+            each call of the functions; measured on a local server: a commit 0.43 -> 0.34 ms,
+            the 10-node chain 0.70 -> 0.63 ms per step, an interrupt round trip 3.1 -> 2.5 ms.
         snapshot_policy: Override when full snapshots are stored.
         encryption: Encrypt every stored blob (values, snapshots, frontier, pending writes,
             metadata) with AES-GCM bound to its row; see :class:`~checkpointers.Encryption`.

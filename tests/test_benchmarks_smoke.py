@@ -198,3 +198,53 @@ def test_workers_graph_runs_and_the_workload_needs_postgres() -> None:
     assert workload.unsupported(GraphexecAdapter()) is None
     reason = workload.unsupported(SimpleNamespace(name=LANGGRAPH))  # type: ignore[arg-type]
     assert reason is not None and reason.startswith("unavailable")
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_postgres_prepare_reaches_graphexec_store(prepare: bool) -> None:
+    # --postgres-prepare must change what graphexec's store does, not just the report.
+    import asyncio
+
+    from benchmarks._systems import GraphexecAdapter, Location
+    from benchmarks.workloads import build_chain, run_chain
+    from tests.pg import admin_connection, fresh_schema, schema_dsn
+
+    async def prepared_statements() -> int:
+        system = GraphexecAdapter()
+        async with fresh_schema() as schema:
+            with admin_connection() as admin:
+                admin.execute(f'CREATE SCHEMA "{schema}"')
+            where = Location("postgres", dsn=schema_dsn(schema), prepare=prepare)
+            async with system.open_store(where) as store:
+                graph = build_chain(system, store)
+                await run_chain(system, graph, ["t1", "t2"], "sync")
+                rows = await store._db.fetch("count", "SELECT count(*) FROM pg_prepared_statements")
+                return int(rows[0][0])
+
+    count = asyncio.run(prepared_statements())
+    assert (count > 0) if prepare else (count == 0)
+
+
+def test_postgres_prepare_run_is_reported(tmp_path: Path) -> None:
+    from tests.pg import postgres_dsn
+
+    out = tmp_path / "bench.json"
+    proc = _bench(
+        "chain",
+        "--quick",
+        "--repeat",
+        "1",
+        "--backend",
+        "postgres",
+        "--dsn",
+        postgres_dsn(),
+        "--postgres-prepare",
+        "--no-langgraph",
+        "--json",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = _load(out)
+    assert data["meta"]["postgres statements"].startswith("prepared on both")
+    chain = data["workloads"]["chain/postgres/sync"]["results"]["graphexec"]
+    assert chain["median"]["ms_per_step"] > 0
