@@ -417,6 +417,9 @@ LIST_THREADS = """SELECT h.thread_id, h.head_id, c.step, c.created_at, c.next_no
     WHERE h.checkpoint_ns = ''
     ORDER BY c.created_at DESC, h.thread_id DESC"""
 
+HEAD_ID = """SELECT head_id FROM graphexec_heads
+    WHERE thread_id = :thread_id AND checkpoint_ns = :checkpoint_ns"""
+
 PUT_CHECK = f"""SELECT {_HEAD_OF_NS}, l.owner, l.epoch, l.expires_at,
         (SELECT c.cp_seq FROM graphexec_checkpoints AS c
          WHERE c.thread_id = :thread_id AND c.checkpoint_ns = :checkpoint_ns

@@ -131,6 +131,14 @@ def _key(checkpoint_id: str | None) -> Any:
     return None if checkpoint_id is None else _rows.id_key(checkpoint_id)
 
 
+def _target(db: sqlite3.Connection, thread_id: str, checkpoint_id: str | None) -> str | None:
+    """The checkpoint a read of ``thread_id`` starts at: ``checkpoint_id``, else the head."""
+    if checkpoint_id is not None:
+        return checkpoint_id
+    rows = fetch(db, sql.HEAD_ID, {"thread_id": thread_id, "checkpoint_ns": ""})
+    return _rows.id_text(rows[0][0]) if rows else None
+
+
 def _store_checkpoint(
     db: sqlite3.Connection,
     check: tuple[Any, ...],
@@ -268,7 +276,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         default_ttl: Seconds of inactivity after which a thread is deleted by :meth:`expire`,
             applied to threads created from now on; :meth:`set_ttl` sets it per thread.
         loop_writes: ``True`` (default): a run's small commits (checkpoints and pending writes
-            up to 64 KiB, lease changes, a run's start unless it must read a whole checkpoint)
+            up to 64 KiB, lease changes, a run's start when the graph holds the thread's head)
             run on the event loop's thread when the file is not locked, in
             ``synchronous="NORMAL"``: about 55 us of loop time instead of a round trip to the
             connection's thread (about 0.12 ms on 2 CPUs). A locked file, a larger
@@ -718,12 +726,16 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         }
 
         def body(db: sqlite3.Connection) -> tuple[Lease, CheckpointTuple | None]:
+            if on_loop(db) and _target(db, thread_id, checkpoint_id) != known:
+                # The thread moved past the caller's checkpoint (another graph object or
+                # process ran it): the read may fold a long delta chain, not on the loop.
+                raise OffTheLoop
             lease = _acquire(db, thread_id, owner, ttl)
             rows = fetch(db, lite.GET_CHECKPOINT, params)
             return lease, codec.checkpoint_tuple(thread_id, "", rows, known)
 
-        # On the loop only when the caller holds a checkpoint of the thread: the read then
-        # stops at it (usually at once) instead of folding a whole delta chain there.
+        # On the loop only when the caller holds the checkpoint to read: the read then stops
+        # at it at once. Anything else reads and folds a delta chain on the writer's thread.
         return await self._db.write("acquire_lease", body, size=None if known is None else 0)
 
     async def acquire_lease_and_put(
@@ -760,8 +772,8 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
             lease = _acquire(db, cp.thread_id, owner, ttl)
             [check] = fetch(db, sql.PUT_CHECK, params)
             if _rows.id_text(check[0]) != expected_head:
-                if known is None and check[0] is not None and on_loop(db):
-                    raise OffTheLoop  # a whole checkpoint to read: not on the loop
+                if check[0] is not None and on_loop(db):
+                    raise OffTheLoop  # the thread moved: a delta chain to fold, not on the loop
                 rows = fetch(db, lite.GET_CHECKPOINT, read)
                 return lease, codec.checkpoint_tuple(cp.thread_id, "", rows, known), False
             store(db, check, lease=lease)

@@ -348,6 +348,34 @@ async def test_a_run_reads_a_thread_it_does_not_hold_on_the_writer_thread(
         assert out["n"] == 35 and len(out["log"]) == 20
 
 
+async def test_a_graph_whose_thread_moved_on_reads_it_on_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph that holds a checkpoint of the thread, after another graph object ran it on:
+    the read from the held checkpoint to the new head may fold a long delta chain, so the
+    run's start goes to the writer's thread, with or without input. The state read is the
+    other graph's."""
+    async with SqliteCheckpointer.open(tmp_path / "cp.db") as cp:
+        mine, other = chain_graph(cp), chain_graph(cp)
+        await mine.ainvoke({"n": 0, "log": []}, thread_id="t")  # mine holds t's head
+        for start in (100, 200, 300):  # 18 checkpoints past it
+            await other.ainvoke({"n": start, "log": []}, thread_id="t")
+        calls = count_calls(monkeypatch)
+
+        assert (await mine.ainvoke(None, thread_id="t"))["n"] == 305  # nothing left to run
+        assert calls == {"loop": 2, "thread": 1}  # tried on the loop, read on the thread
+
+        await other.ainvoke({"n": 400, "log": []}, thread_id="t")
+        calls.update(loop=0, thread=0)
+        out = await mine.ainvoke({"n": 500, "log": []}, thread_id="t")
+        assert calls == {"loop": 7, "thread": 1}  # tried on the loop, read on the thread
+        assert out["n"] == 505 and len(out["log"]) == 30
+
+        calls.update(loop=0, thread=0)  # mine holds the head again: all on the loop
+        assert (await mine.ainvoke(None, thread_id="t"))["n"] == 505
+        assert calls == {"loop": 2, "thread": 0}
+
+
 async def test_a_big_checkpoint_is_written_on_the_writer_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
