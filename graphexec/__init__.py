@@ -25,6 +25,7 @@ from graphexec._hitl import RunState, interrupt
 from graphexec._inmemory import InMemoryCheckpointer
 from graphexec._serde import Serializer
 from graphexec._state import REMOVE_ALL_MESSAGES, RemoveMessage, add_messages
+from graphexec._streamed import StreamedRun
 from graphexec._types import (
     END,
     START,
@@ -83,6 +84,7 @@ __all__ = [
     "StreamMode",
     "RunResult",
     "RunStatus",
+    "StreamedRun",
     # human in the loop
     "interrupt",
     "Interruption",

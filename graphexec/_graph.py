@@ -7,9 +7,8 @@ class, :class:`~graphexec._reader.ThreadReader`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
@@ -28,6 +27,7 @@ from graphexec._draw import draw_mermaid, draw_svg, graph_to_networkx
 from graphexec._executor import Run, resume_error
 from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
 from graphexec._reader import Prefetched, ThreadReader
+from graphexec._streamed import StreamedRun
 from graphexec._sync import iterate_sync, run_sync
 from graphexec._tasks import (
     Emitter,
@@ -68,7 +68,18 @@ __all__ = ["BranchInfo", "CompiledGraph"]
 _DURABILITIES = ("sync", "async", "exit")
 _MODES = ("values", "updates", "events", "custom")
 _RUN_FAILURES = (NodeExecutionError, NodeTimeoutError, InvalidUpdateError, RecursionLimitError)
-_DONE = object()
+
+
+def _stream_modes(mode: StreamMode | Sequence[StreamMode]) -> frozenset[str]:
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    for m in modes:
+        if m not in _MODES:
+            raise GraphExecError(f"unknown stream mode {m!r}; choose from {_MODES}")
+    if not modes:
+        raise GraphExecError("pass at least one stream mode")
+    return frozenset(modes)
+
+
 StateT = TypeVar("StateT")
 
 
@@ -95,7 +106,8 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
     """A validated graph, ready to run. Create it with :meth:`StateGraph.compile`.
 
     Every operation is async (``ainvoke``, ``aget_state`` ...) with a sync twin of the same name
-    without the ``a`` (``invoke``, ``get_state`` ...) for scripts and notebooks.
+    without the ``a`` (``invoke``, ``get_state`` ...) for scripts and notebooks. The exception is
+    :meth:`run_streamed`, whose one result is iterated with ``async for`` or ``for``.
 
     Thread selection: pass ``thread_id=`` (and ``checkpoint_id=``) as keywords, or the LangGraph
     form ``config={"configurable": {"thread_id": ..., "checkpoint_id": ...}}``.
@@ -597,6 +609,46 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
             what="invoke",
         )
 
+    def run_streamed(
+        self,
+        input: Any,
+        *,
+        mode: StreamMode | Sequence[StreamMode] = "values",
+        thread_id: str | None = None,
+        checkpoint_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        durability: Durability = "sync",
+        recursion_limit: int | None = None,
+        on_busy: Literal["raise", "wait"] = "raise",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> StreamedRun:
+        """A run to iterate for its parts as they happen, then read as a :class:`RunResult`.
+
+        :meth:`astream` and :meth:`arun` in one: ``async for part in run`` (or ``for`` in sync
+        code) yields the parts of ``mode`` (see :meth:`astream`), and once the iteration has
+        ended ``run.result`` is the :class:`~graphexec.RunResult` (interrupted, failed, ...),
+        without raising for a node's failure. The arguments are :meth:`arun`'s, checked now;
+        the run starts when the iteration does. See :class:`~graphexec.StreamedRun`.
+        """
+        modes = _stream_modes(mode)
+        if isinstance(input, RunState) and thread_id is None and config is None:
+            thread_id = input.thread_id
+        thread_id, checkpoint_id = self._thread(thread_id, checkpoint_id, config, required=False)
+
+        def execute(emitter: Emitter) -> Awaitable[RunResult]:
+            return self._execute(
+                input,
+                thread_id=thread_id,
+                checkpoint_id=checkpoint_id,
+                durability=durability,
+                recursion_limit=recursion_limit,
+                on_busy=on_busy,
+                metadata=metadata,
+                emitter=emitter,
+            )
+
+        return StreamedRun(execute, modes, single=isinstance(mode, str))
+
     async def astream(
         self,
         input: Any,
@@ -617,45 +669,27 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
         end and error, and checkpoint commits, as dicts with an ``"event"`` key) and
         ``"custom"`` (whatever nodes pass to ``ctx.stream_writer``). With one mode, parts are
         yielded as they are; with a list of modes, as ``(mode, part)`` tuples. Raises like
-        :meth:`ainvoke` when the run fails.
+        :meth:`ainvoke` when the run fails; :meth:`run_streamed` reports how it ended instead.
         """
-        modes = [mode] if isinstance(mode, str) else list(mode)
-        for m in modes:
-            if m not in _MODES:
-                raise GraphExecError(f"unknown stream mode {m!r}; choose from {_MODES}")
-        if not modes:
-            raise GraphExecError("pass at least one stream mode")
-        thread_id, checkpoint_id = self._thread(thread_id, checkpoint_id, config, required=False)
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        emitter = Emitter(frozenset(modes), queue)
-        task = asyncio.create_task(
-            self._execute(
-                input,
-                thread_id=thread_id,
-                checkpoint_id=checkpoint_id,
-                durability=durability,
-                recursion_limit=recursion_limit,
-                on_busy=on_busy,
-                metadata=metadata,
-                emitter=emitter,
-            )
+        run = self.run_streamed(
+            input,
+            mode=mode,
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+            config=config,
+            durability=durability,
+            recursion_limit=recursion_limit,
+            on_busy=on_busy,
+            metadata=metadata,
         )
-        task.add_done_callback(lambda _: queue.put_nowait(_DONE))
-        single = isinstance(mode, str)
+        parts = aiter(run)
         try:
-            while True:
-                item = await queue.get()
-                if item is _DONE:
-                    break
-                yield item[1] if single else item
-            result = await task
-            if result.error is not None:
-                raise result.error
+            async for part in parts:
+                yield part
         finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await parts.aclose()  # leaving early cancels the run now, not when collected
+        if run.result.error is not None:
+            raise run.result.error
 
     def stream(
         self,

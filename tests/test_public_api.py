@@ -30,6 +30,7 @@ EXPECTED = {
     "StreamMode",
     "RunResult",
     "RunStatus",
+    "StreamedRun",
     "Interruption",
     # state and time travel
     "StateSnapshot",
