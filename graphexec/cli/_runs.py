@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
 
 from graphexec._graph import CompiledGraph
 from graphexec._hitl import RunState
-from graphexec._tasks import Emitter
 from graphexec._types import Command, Interruption, RunResult
 from graphexec.cli._common import (
     EXIT_OK,
@@ -47,35 +45,21 @@ async def _execute(
 ) -> RunResult:
     """Run with a progress line per finished node on stderr (unless ``--quiet``/``--json``)."""
     quiet = args.quiet or args.json
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    emitter = Emitter(frozenset() if quiet else frozenset({"updates"}), queue)
-
-    async def show() -> None:
-        while True:
-            _, part = await queue.get()
-            for node in part:
-                if node != "__interrupt__":
-                    print(f"  ran {node}", file=sys.stderr, flush=True)
-
-    printer = None if quiet else asyncio.create_task(show())
-    try:
-        return await graph._execute(
-            input,
-            thread_id=args.thread,
-            checkpoint_id=checkpoint_id,
-            durability=args.durability,
-            recursion_limit=args.recursion_limit,
-            on_busy="wait" if args.wait else "raise",
-            metadata={"graph": spec, "via": "cli"},
-            emitter=emitter,
-        )
-    finally:
-        if printer is not None:
-            await asyncio.sleep(0)  # let queued parts print
-            while not queue.empty():
-                await asyncio.sleep(0)
-            printer.cancel()
-            await asyncio.gather(printer, return_exceptions=True)
+    run = graph.run_streamed(
+        input,
+        mode="updates",
+        thread_id=args.thread,
+        checkpoint_id=checkpoint_id,
+        durability=args.durability,
+        recursion_limit=args.recursion_limit,
+        on_busy="wait" if args.wait else "raise",
+        metadata={"graph": spec, "via": "cli"},
+    )
+    async for part in run:
+        for node in part if not quiet else ():
+            if node != "__interrupt__":
+                print(f"  ran {node}", file=sys.stderr, flush=True)
+    return run.result
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
