@@ -10,7 +10,8 @@ What it shows:
   run with ``graph.run(state)``. The edit is applied before ``crm`` runs.
 - ``crm`` opens a CRM case inside ``ctx.effect``, then asks (``interrupt``) for a note to attach.
   Answering re-runs the node from its top, but the case is opened exactly once (a counter file
-  kept by the fake CRM proves it).
+  kept by the fake CRM proves it). That last run is streamed with ``graph.run_streamed``: its
+  updates as they happen, then its ``RunResult``.
 - ``get_state_history`` shows the decision (who, what, when) in the checkpoint metadata, and a
   tampered RunState is refused.
 
@@ -119,7 +120,13 @@ async def part_approve(db: Path, text: str) -> None:
         result = await graph.arun(state)
         (question,) = result.interruptions
         print(f"  approved; crm now asks: {question.value['question']}")
-        result = await graph.arun(Command(resume="customer called back"), thread_id="T-7")
+        # The answer's run, streamed: its updates as they happen, then its RunResult.
+        run = graph.run_streamed(
+            Command(resume="customer called back"), mode="updates", thread_id="T-7"
+        )
+        async for update in run:
+            print(f"  streamed: {', '.join(update)} finished")
+        result = run.result
         print(f"  status: {result.status}; log: {result.values['log']}")
         for snap in await graph.aget_state_history("T-7"):
             for d in snap.metadata.get("decisions", []):

@@ -56,6 +56,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "a tampered state is refused: RunState signature does not match",
         "pending: approval of 'crm'",
         "approved; crm now asks: note to attach to CASE-1?",
+        "streamed: crm finished",
         "crm case CASE-1 (high): customer called back",
         "approval -> approve by alice, edited {'priority': 'high'}",
         "CRM cases opened: 1 (priority high)",
