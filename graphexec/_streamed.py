@@ -49,7 +49,7 @@ class StreamedRun:
             state = run.result.to_state()
     """
 
-    __slots__ = ("_execute", "_iterator", "_modes", "_result", "_single", "_started")
+    __slots__ = ("_execute", "_iterator", "_modes", "_result", "_single", "_started", "_stopped")
 
     def __init__(
         self,
@@ -62,17 +62,15 @@ class StreamedRun:
         self._modes = modes
         self._single = single
         self._started = False
+        self._stopped = False
         self._result: RunResult | None = None
         self._iterator: AsyncGenerator[Any, None] | None = None
 
     def __repr__(self) -> str:
-        state = (
-            "not started"
-            if not self._started
-            else "running"
-            if self._result is None
-            else f"ended: {self._result.status}"
-        )
+        if self._result is not None:
+            state = f"ended: {self._result.status}"
+        else:
+            state = "stopped early" if self._stopped else "running" if self._started else "new"
         return f"<StreamedRun {state}>"
 
     @property
@@ -99,7 +97,11 @@ class StreamedRun:
         return self._iterator
 
     def __iter__(self) -> Iterator[Any]:
-        return iterate_sync(self.__aiter__(), what="run_streamed")
+        return iterate_sync(
+            self.__aiter__(),
+            what="run_streamed",
+            instead="'async for part in run' ('for part in run' is for sync code)",
+        )
 
     async def aclose(self) -> None:
         """Stop iterating: cancel the run if it is still going (its commits stay)."""
@@ -121,6 +123,7 @@ class StreamedRun:
                 yield item[1] if self._single else item
             self._result = await task
         finally:
+            self._stopped = self._result is None
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

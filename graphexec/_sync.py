@@ -36,14 +36,14 @@ def _background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def _refuse_inside_loop(what: str) -> None:
+def _refuse_inside_loop(what: str, instead: str | None = None) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return
     raise RuntimeError(
-        f"{what}() was called from a running event loop; use the async method "
-        f"(a{what}) inside async code"
+        f"{what}() was called from a running event loop; inside async code use "
+        + (instead or f"the async method (a{what})")
     )
 
 
@@ -64,9 +64,14 @@ def run_sync(coro: Coroutine[Any, Any, T], *, what: str = "invoke") -> T:
         raise
 
 
-def iterate_sync(agen: AsyncIterator[T], *, what: str = "stream") -> Iterator[T]:
-    """Iterate an async iterator from sync code, one item per round trip to the loop."""
-    _refuse_inside_loop(what)
+def iterate_sync(
+    agen: AsyncIterator[T], *, what: str = "stream", instead: str | None = None
+) -> Iterator[T]:
+    """Iterate an async iterator from sync code, one item per round trip to the loop.
+
+    ``instead``: what to use in async code, for the error raised there (default: ``a{what}``).
+    """
+    _refuse_inside_loop(what, instead)
 
     async def next_item() -> tuple[bool, T | None]:
         try:

@@ -47,7 +47,7 @@ def graph(*nodes: tuple[str, Any]) -> Any:
 async def test_parts_as_they_happen_then_the_result() -> None:
     g = graph(("a", appender("a")), ("b", appender("b")))
     run = g.run_streamed({"log": []}, mode="updates", thread_id="t")
-    assert isinstance(run, StreamedRun) and repr(run) == "<StreamedRun not started>"
+    assert isinstance(run, StreamedRun) and repr(run) == "<StreamedRun new>"
     with pytest.raises(GraphExecError, match="has not started"):
         run.result  # noqa: B018
     parts = []
@@ -133,6 +133,7 @@ async def test_leaving_early_cancels_the_run_and_keeps_its_commits() -> None:
     started = loop.time()
     await asyncio.wait_for(run.aclose(), 10)
     assert loop.time() - started < 2  # the run was cancelled, not waited for
+    assert repr(run) == "<StreamedRun stopped early>"
     assert seen == ["cancelled"]
     with pytest.raises(GraphExecError, match="has not ended"):
         run.result  # noqa: B018
@@ -174,7 +175,7 @@ def test_sync_code_iterates_it_with_for() -> None:
     assert run.result.status == "done" and run.result.values == {"log": ["a", "b"]}
 
     async def inside() -> None:
-        with pytest.raises(RuntimeError, match="run_streamed"):
+        with pytest.raises(RuntimeError, match=r"run_streamed.*'async for part in run'"):
             list(g.run_streamed({"log": []}, thread_id="t2"))
 
     asyncio.run(inside())
