@@ -49,7 +49,16 @@ class StreamedRun:
             state = run.result.to_state()
     """
 
-    __slots__ = ("_execute", "_iterator", "_modes", "_result", "_single", "_started", "_stopped")
+    __slots__ = (
+        "_execute",
+        "_iterator",
+        "_modes",
+        "_raised",
+        "_result",
+        "_single",
+        "_started",
+        "_stopped",
+    )
 
     def __init__(
         self,
@@ -63,12 +72,15 @@ class StreamedRun:
         self._single = single
         self._started = False
         self._stopped = False
+        self._raised: BaseException | None = None
         self._result: RunResult | None = None
         self._iterator: AsyncGenerator[Any, None] | None = None
 
     def __repr__(self) -> str:
         if self._result is not None:
             state = f"ended: {self._result.status}"
+        elif self._raised is not None:
+            state = f"raised {type(self._raised).__name__}"
         else:
             state = "stopped early" if self._stopped else "running" if self._started else "new"
         return f"<StreamedRun {state}>"
@@ -79,8 +91,13 @@ class StreamedRun:
 
         Raises:
             GraphExecError: the run has not ended (not iterated yet, still being iterated, or
-                left early and cancelled).
+                left early and cancelled), or it raised instead of ending.
         """
+        if self._raised is not None:
+            raise GraphExecError(
+                f"the run raised {type(self._raised).__name__} ({self._raised}) from its "
+                "iteration, so it has no result"
+            ) from self._raised
         if self._result is None:
             if not self._started:
                 raise GraphExecError(
@@ -121,9 +138,13 @@ class StreamedRun:
                 if item is _DONE:
                     break
                 yield item[1] if self._single else item
-            self._result = await task
+            try:
+                self._result = await task
+            except BaseException as e:
+                self._raised = e
+                raise
         finally:
-            self._stopped = self._result is None
+            self._stopped = self._result is None and self._raised is None
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -103,9 +103,14 @@ async def test_an_interrupted_run_reports_its_interruptions_and_resumes() -> Non
     assert run.result.to_state().thread_id == "t"
 
     # New input on a waiting thread is a misuse: it raises from the iteration.
+    misuse = g.run_streamed({"log": []}, thread_id="t")
     with pytest.raises(ThreadInterruptedError):
-        async for _ in g.run_streamed({"log": []}, thread_id="t"):
+        async for _ in misuse:
             pass
+    assert repr(misuse) == "<StreamedRun raised ThreadInterruptedError>"
+    with pytest.raises(GraphExecError, match="raised ThreadInterruptedError") as info:
+        misuse.result  # noqa: B018
+    assert isinstance(info.value.__cause__, ThreadInterruptedError)
 
     run = g.run_streamed(Command(resume="Ada"), thread_id="t")
     assert [p async for p in run][-1] == {"log": ["a"], "answer": "Ada"}
