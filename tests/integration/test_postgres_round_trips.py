@@ -70,6 +70,15 @@ class Ask(TypedDict):
     answer: str
 
 
+def _ask(cp: PostgresCheckpointer) -> Any:
+    """One node that asks a human (``interrupt``) and stores the answer."""
+    b = StateGraph(Ask)
+    b.add_node("ask", lambda s: {"answer": interrupt(s["question"])})
+    b.add_edge(START, "ask")
+    b.add_edge("ask", END)
+    return b.compile(checkpointer=cp)
+
+
 def _step(name: str) -> Any:
     return lambda s: {"n": s["n"] + 1, "log": [name]}
 
@@ -143,11 +152,7 @@ async def test_an_interrupt_round_trip_is_five_statements(
     schema: str, statements: list[str]
 ) -> None:
     async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
-        b = StateGraph(Ask)
-        b.add_node("ask", lambda s: {"answer": interrupt(s["question"])})
-        b.add_edge(START, "ask")
-        b.add_edge("ask", END)
-        graph = b.compile(checkpointer=cp)
+        graph = _ask(cp)
         statements.clear()
         paused = await graph.arun({"question": "q", "answer": ""}, thread_id="t")
         assert paused.status == "interrupted"
@@ -361,11 +366,7 @@ async def test_an_exit_durability_pause_is_one_statement(
     schema: str, statements: list[str]
 ) -> None:
     async with PostgresCheckpointer.open(postgres_dsn(), schema=schema) as cp:
-        b = StateGraph(Ask)
-        b.add_node("ask", lambda s: {"answer": interrupt(s["question"])})
-        b.add_edge(START, "ask")
-        b.add_edge("ask", END)
-        graph = b.compile(checkpointer=cp)
+        graph = _ask(cp)
         statements.clear()
         paused = await graph.arun({"question": "ok?"}, thread_id="t", durability="exit")
         assert paused.status == "interrupted"
