@@ -23,6 +23,14 @@ __all__ = ["StateGraph"]
 
 StateT = TypeVar("StateT")
 _RESERVED_CHARS = ("|", ":")
+DEFAULT_MAX_TASKS_PER_STEP = 100_000
+"""The default ``compile(max_tasks_per_step=...)``.
+
+Measured on the in-memory store (2 vCPUs): a step of 100,000 one-item ``Send`` workers takes
+about 15 s and 0.5 GB; SQLite about 25 s. Far more than a real map step needs, and refused
+before a runaway fan-out (a loop appending Sends, a fan over the wrong list) holds the process
+for minutes and gigabytes.
+"""
 
 
 def _required_positional(fn: Callable[..., Any], what: str, node: str) -> int:
@@ -120,6 +128,9 @@ class GraphSpec:
     branches: Mapping[str, tuple[BranchSpec, ...]]
     version: str
     order: Mapping[str, int] = field(default_factory=dict)
+    max_tasks_per_step: int = DEFAULT_MAX_TASKS_PER_STEP
+    """The most tasks one step may start (``compile(max_tasks_per_step=...)``); not part of
+    ``version``: raising it lets a graph resume a thread a lower limit refused."""
 
 
 class StateGraph(Generic[StateT]):
@@ -361,7 +372,7 @@ class StateGraph(Generic[StateT]):
 
     # -- compile --------------------------------------------------------------------------
 
-    def _validate(self) -> GraphSpec:
+    def _validate(self, max_tasks_per_step: int) -> GraphSpec:
         nodes = self._nodes
         known = set(nodes)
 
@@ -439,6 +450,7 @@ class StateGraph(Generic[StateT]):
             branches={k: tuple(v) for k, v in branches.items()},
             version=self._fingerprint(),
             order=order,
+            max_tasks_per_step=max_tasks_per_step,
         )
 
     def _analysis_graph(self) -> nx.DiGraph[str]:
@@ -485,6 +497,7 @@ class StateGraph(Generic[StateT]):
         interrupt_before: Sequence[str] = (),
         interrupt_after: Sequence[str] = (),
         lease_ttl: float = 30.0,
+        max_tasks_per_step: int = DEFAULT_MAX_TASKS_PER_STEP,
     ) -> CompiledGraph[StateT]:
         """Validate the graph and return a runnable :class:`~graphexec.CompiledGraph`.
 
@@ -501,6 +514,11 @@ class StateGraph(Generic[StateT]):
             lease_ttl: Seconds a run's ownership of its thread lasts without a heartbeat (it is
                 renewed every third of that). After a crash, another process can take the
                 thread over once this has passed.
+            max_tasks_per_step: The most tasks one superstep may start: ``Send`` tasks plus
+                nodes triggered by edges. A step whose nodes would start more raises
+                :class:`~graphexec.TaskLimitError` and is not checkpointed; the thread stays
+                resumable. Send batches of items rather than one task per item to stay under
+                it, or raise it.
 
         Raises:
             GraphBuildError: naming the node or edge at fault.
@@ -511,7 +529,15 @@ class StateGraph(Generic[StateT]):
             raise GraphBuildError(f"recursion_limit must be >= 1 (got {recursion_limit})")
         if lease_ttl <= 0:
             raise GraphBuildError(f"lease_ttl must be > 0 seconds (got {lease_ttl})")
-        spec = self._validate()
+        if (
+            not isinstance(max_tasks_per_step, int)
+            or isinstance(max_tasks_per_step, bool)
+            or max_tasks_per_step < 1
+        ):
+            raise GraphBuildError(
+                f"max_tasks_per_step must be an int >= 1 (got {max_tasks_per_step!r})"
+            )
+        spec = self._validate(max_tasks_per_step)
         for option, names in (
             ("interrupt_before", interrupt_before),
             ("interrupt_after", interrupt_after),

@@ -56,6 +56,7 @@ from graphexec.errors import (
     GraphVersionError,
     InvalidUpdateError,
     RecursionLimitError,
+    TaskLimitError,
     ThreadNotFoundError,
 )
 
@@ -377,12 +378,19 @@ class Run(CheckpointWriter):
                 await self._pause(paused)
                 return
             executed.append([t.node for t in tasks])
+            rejected = any(o.rejected for o in outcomes)
+            try:
+                # Before the writes are applied: a refused step leaves the values as the last
+                # checkpoint has them, which is what exit durability stores below.
+                frontier = Frontier() if rejected else self._next_frontier(outcomes, self.frontier)
+            except TaskLimitError:
+                await self._flush_exit()
+                await self._save_answers()
+                await self.committer.flush()
+                raise
             deltas = self._apply(outcomes)
-            if any(o.rejected for o in outcomes):
+            if rejected:
                 self.rejected = True
-                frontier = Frontier()
-            else:
-                frontier = self._next_frontier(outcomes, self.frontier)
             meta: dict[str, Any] = {"writes": {o.task.node: _keys(o.writes) for o in outcomes}}
             decisions = self._decisions(tasks)
             if decisions:
@@ -519,7 +527,12 @@ class Run(CheckpointWriter):
             outcomes[task.task_id] = outcome
             # The last task to finish goes straight into the step's checkpoint; earlier ones
             # are saved now, so a crash re-runs only what had not finished.
-            if outcome.error is None and not outcome.interrupts and remaining > 0:
+            if (
+                outcome.error is None
+                and not outcome.interrupts
+                and remaining > 0
+                and not self._over_limit(outcome)
+            ):
                 await self._save(outcome)
 
         if len(todo) == 1:
@@ -610,18 +623,31 @@ class Run(CheckpointWriter):
         self.lease_released = True
 
     def _apply(self, outcomes: Sequence[Outcome]) -> dict[str, ChannelDelta]:
+        """Apply a step's writes to ``values``, in outcome order; return what to store.
+
+        A reducer channel's updates are gathered and folded once per step
+        (:meth:`~graphexec._state.ChannelSpec.fold`), not one by one: ``operator.add`` over N
+        updates copied the growing list N times, so a 100k-``Send`` step spent minutes in
+        it. The result, and the error for a bad update, are the same.
+        """
         setters: dict[str, str] = {}
         set_blobs: dict[str, bytes | None] = {}
         fold_blobs: dict[str, list[bytes | None]] = {}
+        folds: dict[str, list[tuple[str, Any]]] = {}
+        refolds: dict[str, None] = {}
+        channels = self.schema.channels
         # Only a subgraph run reports its changes (to its parent task); a root run skips them.
         track = self.parent_task_id is not None
         for o in outcomes:
             node = o.task.node
             for ch, value, blob in o.writes:
-                spec = self.schema.channels[ch]
+                spec = channels[ch]
                 if spec.reducer is None:
                     prev = setters.get(ch)
                     if prev is not None and prev != o.task.task_id:
+                        # An earlier bad update would have failed first, when folds ran
+                        # write by write: keep that order of errors.
+                        self._fold(folds)
                         raise InvalidUpdateError(
                             f"state key {ch!r} received values from several tasks in one step "
                             f"(last: node {node!r}); give it a reducer with Annotated[T, "
@@ -632,21 +658,28 @@ class Run(CheckpointWriter):
                     setters[ch] = o.task.task_id
                     self.values[ch] = value
                     set_blobs[ch] = blob
-                    fold_blobs.pop(ch, None)
                     if track:
                         self.changes[ch] = ("set", value)
+                    continue
+                pairs = folds.get(ch)
+                if pairs is None:
+                    folds[ch] = [(node, value)]
+                    fold_blobs[ch] = [blob]
                 else:
-                    self.values[ch] = spec.reduce(node, self.values.get(ch, _MISSING), value)
-                    fold_blobs.setdefault(ch, []).append(blob)
-                    if not track:
-                        continue
-                    kind = self.changes.get(ch)
-                    if kind is None:
-                        self.changes[ch] = ("fold", [value])
-                    elif kind[0] == "fold":
-                        kind[1].append(value)  # the list is ours: appending keeps a fold O(1)
-                    else:
-                        self.changes[ch] = ("set", self.values[ch])
+                    pairs.append((node, value))
+                    fold_blobs[ch].append(blob)
+                if not track:
+                    continue
+                kind = self.changes.get(ch)
+                if kind is None:
+                    self.changes[ch] = ("fold", [value])
+                elif kind[0] == "fold":
+                    kind[1].append(value)  # the list is ours: appending keeps a fold O(1)
+                else:
+                    refolds[ch] = None
+        self._fold(folds)
+        for ch in refolds:  # set earlier in this run: the change is the folded value
+            self.changes[ch] = ("set", self.values[ch])
         if self.cp is None:
             return {}
         deltas: dict[str, ChannelDelta] = {}
@@ -656,6 +689,21 @@ class Run(CheckpointWriter):
         for ch, blobs in fold_blobs.items():
             deltas[ch] = ChannelDelta("fold", tuple(b for b in blobs if b is not None))
         return deltas
+
+    def _fold(self, folds: Mapping[str, Sequence[tuple[str, Any]]]) -> None:
+        channels = self.schema.channels
+        for ch, pairs in folds.items():
+            self.values[ch] = channels[ch].fold(self.values.get(ch, _MISSING), pairs)
+
+    def _over_limit(self, outcome: Outcome) -> bool:
+        """Whether ``outcome`` alone routes to more tasks than a step may start.
+
+        O(1) for every outcome but one with more routes than the limit.
+        """
+        limit = self.spec.max_tasks_per_step
+        return len(outcome.routes) > limit and (
+            sum(isinstance(r, Send) for r in outcome.routes) > limit
+        )
 
     def _next_frontier(self, outcomes: Sequence[Outcome], previous: Frontier) -> Frontier:
         spec = self.spec
@@ -683,6 +731,8 @@ class Run(CheckpointWriter):
                     if set(sources) <= set(seen):
                         pulls.add(target)
                         del barriers[i]
+        if len(pulls) + len(pushes) > spec.max_tasks_per_step:
+            raise self._task_limit_error(outcomes, len(pulls) + len(pushes))
         ordered = sorted(pulls, key=lambda n: spec.order.get(n, 0))
         frontier = Frontier(barriers={k: v for k, v in barriers.items() if v})
         frontier.tasks = [Task(n, False, 0, None, "") for n in ordered] + [
@@ -786,6 +836,41 @@ class Run(CheckpointWriter):
                     self.changes[ch] = ("set", self.values.get(ch))
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _task_limit_error(self, outcomes: Sequence[Outcome], count: int) -> TaskLimitError:
+        """The error for a step whose outcomes would start ``count`` tasks, over the limit."""
+        limit = self.spec.max_tasks_per_step
+        step = self.step + 1
+        sends: dict[str, int] = {}
+        for o in outcomes:
+            n = sum(isinstance(r, Send) for r in o.routes)
+            if n:
+                sends[o.task.node] = sends.get(o.task.node, 0) + n
+        if not sends:  # edges alone: every node of the step
+            for o in outcomes:
+                sends.setdefault(o.task.node, 0)
+        nodes = sorted(sends, key=lambda n: -sends[n])
+        if sends[nodes[0]]:
+            nodes = [n for n in nodes if sends[n]]
+            parts = "Send: " + ", ".join(f"{sends[n]} from {n!r}" for n in nodes)
+        else:
+            parts = "edges from " + ", ".join(map(repr, nodes))
+        where = (
+            f"; step {step} was not checkpointed: thread {self.thread_id!r} stays at checkpoint "
+            f"{self.head!r}, resumable with invoke(None, thread_id=...)"
+            if self.thread_id is not None
+            else ""
+        )
+        return TaskLimitError(
+            f"step {step} would start {count} tasks in the next step ({parts}), more "
+            f"than max_tasks_per_step={limit}{where}. Send fewer, larger tasks (a batch of "
+            "items per Send), or raise the limit with compile(max_tasks_per_step=...)",
+            limit=limit,
+            count=count,
+            step=step,
+            nodes=nodes,
+            thread_id=self.thread_id,
+        )
 
     def _recursion_error(self, steps: int, executed: list[list[str]]) -> RecursionLimitError:
         recent = {n for nodes in executed[-max(2 * len(self.spec.nodes), 2) :] for n in nodes}

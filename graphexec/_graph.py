@@ -58,6 +58,7 @@ from graphexec.errors import (
     NotSupportedError,
     RecursionLimitError,
     SerializationError,
+    TaskLimitError,
     ThreadBusyError,
     ThreadInterruptedError,
     ThreadNotFoundError,
@@ -67,7 +68,13 @@ __all__ = ["BranchInfo", "CompiledGraph"]
 
 _DURABILITIES = ("sync", "async", "exit")
 _MODES = ("values", "updates", "events", "custom")
-_RUN_FAILURES = (NodeExecutionError, NodeTimeoutError, InvalidUpdateError, RecursionLimitError)
+_RUN_FAILURES = (
+    NodeExecutionError,
+    NodeTimeoutError,
+    InvalidUpdateError,
+    RecursionLimitError,
+    TaskLimitError,
+)
 
 
 def _stream_modes(mode: StreamMode | Sequence[StreamMode]) -> frozenset[str]:

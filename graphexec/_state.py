@@ -16,7 +16,7 @@ import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import count, repeat
+from itertools import chain, count, repeat
 from types import NoneType
 from typing import Any, Literal, get_args, get_origin, get_type_hints, is_typeddict
 
@@ -63,6 +63,47 @@ class ChannelSpec:
         if self.container is tuple:
             return tuple(x for u in updates for x in u)
         return [x for u in updates for x in (u if isinstance(u, list | tuple) else [u])]
+
+    def fold(self, current: Any, updates: Sequence[tuple[str, Any]]) -> Any:
+        """Fold one step's ``(node, update)`` pairs into ``current`` (which may be missing).
+
+        The result is what :meth:`reduce` gives applied to each update in turn, as LangGraph
+        does, and so is the error for an update the reducer refuses (it names that update's
+        node). Where the reducer concatenates, the updates are joined and reduced once, so N
+        updates cost O(len(current) + their size) instead of N copies of a growing value:
+        ``operator.add`` on a list, tuple or str key when every value is exactly that type
+        (``a + b + c == a + (b + c)`` there, and no subclass's ``__add__`` can differ), and
+        reducers marked ``batchable`` such as :data:`add_messages`. A reducer of any other
+        kind is called once per update, in order: nothing is assumed about it.
+        """
+        if len(updates) > 1:
+            joined = self._join(current, [u for _, u in updates])
+            if joined is not _MISSING:
+                try:
+                    return self.reduce(updates[-1][0], current, joined)
+                except InvalidUpdateError:
+                    pass  # fold one by one below, so the error names the update at fault
+        for node, update in updates:
+            current = self.reduce(node, current, update)
+        return current
+
+    def _join(self, current: Any, updates: list[Any]) -> Any:
+        """``updates`` as one update that folds like them all, else ``_MISSING``."""
+        if self.reducer is operator.add:
+            kind = self.container
+            if kind not in (list, tuple, str):
+                return _MISSING
+            if current is not _MISSING and type(current) is not kind:
+                return _MISSING
+            if any(type(u) is not kind for u in updates):
+                return _MISSING
+            if kind is str:
+                return "".join(updates)
+            joined = list(chain.from_iterable(updates))
+            return joined if kind is list else tuple(joined)
+        if self.batchable:
+            return self.concat(updates)
+        return _MISSING
 
     def check_value(self, node: str, value: Any) -> Any:
         """The value as validated against the declared type.

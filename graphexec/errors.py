@@ -34,6 +34,7 @@ __all__ = [
     "RecursionLimitError",
     "SerializationError",
     "StorageError",
+    "TaskLimitError",
     "ThreadBusyError",
     "ThreadInterruptedError",
     "ThreadNotFoundError",
@@ -123,6 +124,41 @@ class RecursionLimitError(GraphExecError):
         self.limit = limit
         self.steps = steps
         self.cycle = tuple(cycle)
+
+
+class TaskLimitError(GraphExecError):
+    """A step would start more tasks than ``max_tasks_per_step`` allows (a runaway fan-out).
+
+    The step whose nodes produced the tasks (by ``Send``, ``Command(goto=...)`` or edges) is
+    not checkpointed: the thread stays at its last checkpoint, resumable with
+    ``invoke(None, thread_id=...)`` once the node sends fewer, larger tasks or the graph is
+    compiled with a higher ``compile(max_tasks_per_step=...)``.
+
+    Attributes:
+        limit: The limit that was exceeded.
+        count: How many tasks the next step would have had.
+        step: The step whose checkpoint was refused (the one that produced the tasks).
+        nodes: The nodes that produced them, most tasks first (``"__input__"`` for a
+            ``Command`` given as input, ``"__start__"`` for a conditional edge from START).
+        thread_id: The thread, when the run is checkpointed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: int,
+        count: int,
+        step: int,
+        nodes: Sequence[str],
+        thread_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.count = count
+        self.step = step
+        self.nodes = tuple(nodes)
+        self.thread_id = thread_id
 
 
 class CheckpointError(GraphExecError):

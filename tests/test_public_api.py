@@ -54,6 +54,7 @@ EXPECTED = {
     "NodeExecutionError",
     "NodeTimeoutError",
     "RecursionLimitError",
+    "TaskLimitError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "ThreadNotFoundError",

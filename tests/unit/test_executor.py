@@ -11,6 +11,7 @@ import pytest
 
 from graphexec import (
     END,
+    REMOVE_ALL_MESSAGES,
     START,
     Command,
     InMemoryCheckpointer,
@@ -19,10 +20,13 @@ from graphexec import (
     NodeExecutionError,
     NodeTimeoutError,
     RecursionLimitError,
+    RemoveMessage,
     RetryPolicy,
     Send,
     StateGraph,
+    add_messages,
 )
+from graphexec._state import StateSchema
 
 
 class S(TypedDict, total=False):
@@ -591,3 +595,147 @@ async def test_second_run_on_a_busy_thread() -> None:
     assert (await waiter)["log"] == ["slow", "slow"]
     history = await g.aget_state_history("t")
     assert [h.step for h in history] == [3, 2, 1, 0]  # linear: no fork
+
+
+# -- folding a step's updates (issue #19.6) ---------------------------------------------------
+
+
+def _fan_out(state_type: Any, key: str, updates: list[Any], **compile_kw: Any) -> Any:
+    """START -> fan -> Send('worker', i) for each update -> END; worker i writes updates[i]."""
+
+    def worker(i: int) -> dict[str, Any]:
+        return {key: updates[i]}
+
+    b = StateGraph(state_type)
+    b.add_node("fan", lambda s: None)
+    b.add_node("worker", worker)
+    b.add_edge(START, "fan")
+    b.add_conditional_edges("fan", lambda s: [Send("worker", i) for i in range(len(updates))])
+    b.add_edge("worker", END)
+    return b.compile(checkpointer=InMemoryCheckpointer(), **compile_kw)
+
+
+async def test_a_send_fan_out_folds_its_updates_in_linear_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Folding N one-item updates one by one with operator.add copies the growing list each
+    # time: N*N/2 element copies (100k workers took minutes). Count the elements each reducer
+    # call receives as its current value, which it must copy to return a new list.
+    from graphexec._state import ChannelSpec
+
+    copied = {"elements": 0, "calls": 0}
+    real = ChannelSpec.reduce
+
+    def counting(self: ChannelSpec, node: str, current: Any, update: Any) -> Any:
+        if self.name == "results":
+            copied["calls"] += 1
+            copied["elements"] += len(current) if isinstance(current, list) else 0
+        return real(self, node, current, update)
+
+    monkeypatch.setattr(ChannelSpec, "reduce", counting)
+    n = 3000
+    g = _fan_out(S, "results", [[i] for i in range(n)])
+    out = await g.ainvoke({"results": [-1]}, thread_id="t")
+    assert out["results"] == [-1, *range(n)]
+    assert copied["elements"] <= 4 * n, copied  # linear, not n*n/2 = 4.5 million
+    state = await g.aget_state("t")
+    assert state is not None and state.values["results"] == [-1, *range(n)]
+
+
+class Texts(TypedDict, total=False):
+    items: Annotated[list[Any], operator.add]
+    pairs: Annotated[tuple[int, ...], operator.add]
+    text: Annotated[str, operator.add]
+    order: Annotated[list[int], lambda a, b: [*b, *a]]  # not a concatenation: order matters
+    total: Annotated[int, lambda a, b: a * 3 + b]  # not associative
+    messages: Annotated[list[Any], add_messages]
+
+
+FOLDS: dict[str, tuple[str, list[Any], Any]] = {
+    "operator.add on lists": ("items", [[1], [], [2, [3]], ["x", None]], None),
+    "operator.add on tuples": ("pairs", [(1,), (), (2, 3)], None),
+    "operator.add on str": ("text", ["ab", "", "c", "d"], None),
+    "an order-sensitive reducer": ("order", [[1], [2, 3], [4]], None),
+    "a non-associative reducer": ("total", [1, 2, 3, 4], None),
+    "add_messages with replace and remove": (
+        "messages",
+        [
+            [{"role": "user", "content": "a", "id": "1"}],
+            [{"role": "ai", "content": "b", "id": "2"}, {"role": "user", "content": "c"}],
+            [{"role": "ai", "content": "B", "id": "2"}],
+            [RemoveMessage("1")],
+            "bare",
+        ],
+        None,
+    ),
+    "add_messages with remove-all in the middle": (
+        "messages",
+        [
+            [{"role": "user", "content": "a", "id": "1"}],
+            [RemoveMessage(REMOVE_ALL_MESSAGES), {"role": "ai", "content": "b", "id": "2"}],
+            [{"role": "ai", "content": "c", "id": "3"}],
+        ],
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("row", sorted(FOLDS))
+async def test_folding_a_steps_updates_at_once_equals_folding_them_one_by_one(row: str) -> None:
+    key, updates, _ = FOLDS[row]
+    spec = StateSchema(Texts).channels[key]
+    start: dict[str, Any] = {"total": 5, "text": "s", "pairs": (0,), "items": [0], "order": [0]}
+    g = _fan_out(Texts, key, updates)
+    out = await g.ainvoke({key: start[key]} if key in start else {}, thread_id="t")
+    expected = start.get(key, [])
+    for u in updates:  # what folding them one at a time, in Send order, gives
+        prepared = StateSchema(Texts).coerce_update("worker", {key: u})[key]
+        expected = spec.reduce("worker", expected, prepared)
+    if key == "messages":  # ids given at write time differ between the two folds
+        assert [(m["role"], m["content"]) for m in out[key]] == [
+            (m["role"], m["content"]) for m in expected
+        ]
+        given = {"1", "2", "3"}
+        assert [m["id"] for m in out[key] if m["id"] in given] == [
+            m["id"] for m in expected if m["id"] in given
+        ]
+    else:
+        assert out[key] == expected and type(out[key]) is type(expected)
+    # and reading the stored deltas back gives the same value
+    state = await g.aget_state("t")
+    assert state is not None and state.values[key] == out[key]
+
+
+BAD_IN_A_BATCH: dict[str, tuple[str, Any, type[BaseException]]] = {
+    "a tuple into an operator.add list": ("results", (1, 2), TypeError),
+    "an int into an operator.add list": ("results", 5, TypeError),
+    "a remove of an unknown message": ("messages", [RemoveMessage("nope")], ValueError),
+}
+
+
+class Mixed(TypedDict, total=False):
+    results: Annotated[list[int], operator.add]
+    messages: Annotated[list[Any], add_messages]
+
+
+@pytest.mark.parametrize("row", sorted(BAD_IN_A_BATCH))
+async def test_a_bad_update_among_many_is_blamed_on_its_own_node(row: str) -> None:
+    key, bad, cause = BAD_IN_A_BATCH[row]
+    good = [1] if key == "results" else [{"role": "user", "content": "x"}]
+
+    def writer(value: Any) -> Any:
+        return lambda state: {key: value}
+
+    b = StateGraph(Mixed)
+    for n in ("a", "b", "c", "d"):
+        b.add_node(n, writer(bad if n == "c" else good))
+        b.add_edge(START, n)
+        b.add_edge(n, END)
+    g = b.compile(checkpointer=InMemoryCheckpointer())
+    with pytest.raises(InvalidUpdateError) as err:
+        await g.ainvoke({}, thread_id="t")
+    assert (err.value.node, err.value.key) == ("c", key)
+    assert isinstance(err.value.__cause__, cause), repr(err.value.__cause__)
+    assert "node 'c'" in str(err.value)
+    history = await g.aget_state_history("t")
+    assert [h.step for h in history] == [0]  # the step was not committed
