@@ -14,7 +14,15 @@ PostgreSQL is the coordinator: there is no process of ours in the middle.
   are cancelled and handed back to the queue, to be resumed elsewhere from their checkpoints.
 
 Inputs are encoded with graphexec's closed-registry serializer restricted to built-in types (dicts
-of JSON-like values, datetimes, UUIDs, decimals ...): pass plain data, not model instances.
+of JSON-like values, datetimes, UUIDs, decimals ...): pass plain data, not model instances. Given
+``encryption=`` (the same :class:`~checkpointers.Encryption` as the checkpoints), a run's input is
+sealed with AES-256-GCM bound to its run id, so it is no more readable at rest than the
+checkpoints, and a blob moved to another run fails authentication.
+
+Retries are bounded: a run whose worker died, or whose run raised a storage error, goes back to
+the queue with an exponential backoff (``not_before``), at most ``max_attempts`` claims in all;
+then it ends ``failed`` with the last error. A run taken over after its answers were recorded
+resumes from its checkpoint with no input, so a ``Command(resume=...)`` is never applied twice.
 Everything here works through a transaction-mode pooler: no session state, no LISTEN/NOTIFY
 (waiting polls with backoff).
 """
@@ -24,25 +32,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote, unquote
 
 from graphexec import (
     Command,
     CompiledGraph,
     DeserializationError,
     GraphExecError,
-    InvalidResumeError,
     StorageError,
 )
 from graphexec._serde import default_serializer
 
-__all__ = ["QueuedRun", "RunQueue", "RunStatus", "Worker"]
+if TYPE_CHECKING:
+    from checkpointers._crypto import Encryption
+
+__all__ = ["QueuedRun", "RunQueue", "RunStatus", "Worker", "redact_dsn"]
 
 RunStatus = Literal["queued", "running", "done", "interrupted", "rejected", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"done", "interrupted", "rejected", "failed", "cancelled"})
@@ -74,7 +86,13 @@ MIGRATIONS: tuple[str, ...] = (
     "WHERE status IN ('queued', 'running')",
     "CREATE INDEX graphexec_runs_thread ON graphexec_runs (thread_id, seq)",
     "CREATE INDEX graphexec_runs_status ON graphexec_runs (status, seq)",
+    # A run handed back after a failure is not claimed again before this time (backoff).
+    "ALTER TABLE graphexec_runs ADD COLUMN not_before TIMESTAMPTZ",
 )
+CONNECT_TIMEOUT = 5
+"""Seconds a queue client waits for PostgreSQL to accept a connection (unless the DSN says)."""
+MAX_BACKOFF = 300.0
+"""Longest wait, in seconds, before a failed run is claimed again."""
 
 _COLUMNS = (
     "run_id, graph_name, thread_id, status, worker_id, attempts, cancel_requested, enqueued_at, "
@@ -92,12 +110,13 @@ class QueuedRun:
         thread_id: The thread it runs on.
         status: ``queued``, ``running``, or how it ended.
         worker_id: The worker running (or that last ran) it.
-        attempts: How many times a worker claimed it (>1 after a takeover or a handback).
+        attempts: How many times a worker claimed it (>1 after a takeover, a handback or a
+            retry; at most the worker's ``max_attempts``).
         cancel_requested: Whether :meth:`RunQueue.cancel` asked a running run to stop.
         enqueued_at: When it was enqueued.
         started_at: When a worker first claimed it.
         finished_at: When it ended.
-        error: Why it failed.
+        error: Why it failed (while it is queued again: why its last attempt failed).
         checkpoint_id: The thread's checkpoint when it ended.
     """
 
@@ -120,25 +139,47 @@ class QueuedRun:
         return self.status in TERMINAL
 
 
-def _encode_input(value: Any) -> bytes:
+def _input_context(run_id: str) -> bytes:
+    from checkpointers._crypto import blob_context
+
+    return blob_context("graphexec/queue", run_id, "input")
+
+
+def _encode_input(value: Any, run_id: str, encryption: Encryption | None) -> bytes:
     serde = default_serializer()
     if isinstance(value, Command):
         data = {"command": {"update": value.update, "goto": value.goto, "resume": value.resume}}
     else:
         data = {"input": value}
-    return serde.dumps(data, channel="run input")
+    blob = serde.dumps(data, channel="run input")
+    return blob if encryption is None else encryption.encrypt(blob, context=_input_context(run_id))
 
 
-def _decode_input(blob: bytes | None) -> Any:
+def _decode_input(blob: bytes | None, run_id: str, encryption: Encryption | None) -> Any:
     """The input of a queued run, as :func:`_encode_input` stored it.
 
     Raises:
-        DeserializationError: The stored bytes are corrupt or not a run input (a row edited
-            behind the queue's back); they are never interpreted as anything else.
+        DeserializationError: The stored bytes are corrupt, not a run input (a row edited
+            behind the queue's back), encrypted without ``encryption`` given, or fail
+            authentication (another key, or moved from another run); they are never
+            interpreted as anything else.
     """
+    from checkpointers._crypto import looks_encrypted
+
     if blob is None:
         return None
-    data = default_serializer().loads(bytes(blob), channel="run input")
+    raw = bytes(blob)
+    if encryption is not None:
+        raw = encryption.decrypt(
+            raw, context=_input_context(run_id), what=f"the input of queued run {run_id!r}"
+        )
+    elif looks_encrypted(raw):
+        raise DeserializationError(
+            f"the input of queued run {run_id!r} is encrypted; give the worker encryption= "
+            "(the same keys as the checkpoints)",
+            channel="run input",
+        )
+    data = default_serializer().loads(raw, channel="run input")
     if type(data) is not dict or len(data) != 1 or not set(data) <= {"input", "command"}:
         raise DeserializationError(
             "run input is malformed: expected {'input': ...} or {'command': {...}}",
@@ -167,12 +208,21 @@ class RunQueue:
         dsn: PostgreSQL connection string (the database that also holds the checkpoints).
         min_size: Smallest connection pool size.
         max_size: Largest connection pool size.
+        encryption: Seal run inputs at rest with these keys (give the workers the same).
     """
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 4) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        encryption: Encryption | None = None,
+    ) -> None:
         if not isinstance(dsn, str) or not dsn:
             raise GraphExecError("RunQueue needs a PostgreSQL DSN (postgresql://...)")
         self.dsn = dsn
+        self.encryption = encryption
         self._min, self._max = min_size, max_size
         self._pools: dict[asyncio.AbstractEventLoop, Any] = {}
         self._ready: set[asyncio.AbstractEventLoop] = set()
@@ -183,16 +233,23 @@ class RunQueue:
 
         loop = asyncio.get_running_loop()
         pool = self._pools.get(loop)
+        options: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
+        if "connect_timeout" not in self.dsn:
+            options["connect_timeout"] = CONNECT_TIMEOUT
         try:
             if pool is None:
+                # One direct connection first: an unreachable server is one clear error after at
+                # most the connect timeout, not a pool retrying (and logging) in the background.
+                probe = await psycopg.AsyncConnection.connect(self.dsn, **options)
+                await probe.close()
                 pool = AsyncConnectionPool(
                     self.dsn,
                     min_size=self._min,
                     max_size=self._max,
                     open=False,
-                    kwargs={"autocommit": True, "prepare_threshold": None},
+                    kwargs=options,
                 )
-                await pool.open(wait=True, timeout=10.0)
+                await pool.open(wait=True, timeout=float(CONNECT_TIMEOUT) * 2)
                 self._pools[loop] = pool
             if loop not in self._ready:
                 await self._migrate(pool)
@@ -201,8 +258,10 @@ class RunQueue:
             if pool is not None and loop not in self._pools:
                 await pool.close()
             raise StorageError(
-                f"run queue: cannot use PostgreSQL at {_redact(self.dsn)}: {e}"
-            ) from e
+                redact_dsn(
+                    f"run queue: cannot use PostgreSQL at {redact_dsn(self.dsn)}: {e}", self.dsn
+                )
+            ) from None
         return pool
 
     async def _migrate(self, pool: Any) -> None:
@@ -229,7 +288,9 @@ class RunQueue:
                 cur = await conn.execute(query, params)
                 return list(await cur.fetchall()) if cur.description else []
         except psycopg.Error as e:
-            raise StorageError(f"run queue: {op} failed on PostgreSQL: {e}") from e
+            raise StorageError(
+                redact_dsn(f"run queue: {op} failed on PostgreSQL: {e}", self.dsn)
+            ) from None
 
     async def setup(self) -> None:
         """Create or migrate the queue tables (idempotent, safe from many processes at once)."""
@@ -263,7 +324,7 @@ class RunQueue:
             raise GraphExecError("enqueue: graph_name must be a non-empty string")
         thread = thread_id or uuid.uuid4().hex
         rid = run_id or uuid.uuid4().hex
-        blob = _encode_input(input)
+        blob = _encode_input(input, rid, self.encryption)
         await self._exec(
             "enqueue",
             "INSERT INTO graphexec_runs (run_id, graph_name, thread_id, input, status) "
@@ -342,16 +403,32 @@ class RunQueue:
 
     # -- used by workers ------------------------------------------------------------------------
 
-    async def _claim(self, graphs: Sequence[str], worker_id: str, ttl: float) -> Any | None:
+    async def _claim(
+        self, graphs: Sequence[str], worker_id: str, ttl: float, max_attempts: int
+    ) -> Any | None:
+        # A run whose lease expired after its last allowed attempt (its workers kept dying in
+        # it) ends failed here, in the same statement, instead of being claimed again.
         rows = await self._exec(
             "claim",
             """
-            WITH candidate AS (
+            WITH given_up AS (
+                UPDATE graphexec_runs SET status = 'failed', finished_at = clock_timestamp(),
+                    lease_expires_at = NULL,
+                    error = 'gave up after ' || attempts || ' attempt(s): each worker running '
+                        || 'it stopped before it ended (lease expired)'
+                        || coalesce('; last error: ' || error, '')
+                WHERE graph_name = ANY(%(graphs)s) AND status = 'running'
+                  AND lease_expires_at < clock_timestamp() AND attempts >= %(max)s
+                RETURNING seq
+            ),
+            candidate AS (
                 SELECT r.seq FROM graphexec_runs r
                 WHERE r.graph_name = ANY(%(graphs)s)
                   AND NOT r.cancel_requested
+                  AND (r.not_before IS NULL OR r.not_before <= clock_timestamp())
                   AND (r.status = 'queued'
-                       OR (r.status = 'running' AND r.lease_expires_at < clock_timestamp()))
+                       OR (r.status = 'running' AND r.lease_expires_at < clock_timestamp()
+                           AND r.attempts < %(max)s))
                   AND NOT EXISTS (
                       SELECT 1 FROM graphexec_runs o
                       WHERE o.thread_id = r.thread_id AND o.seq < r.seq
@@ -367,7 +444,7 @@ class RunQueue:
             FROM candidate WHERE r.seq = candidate.seq
             RETURNING r.run_id, r.graph_name, r.thread_id, r.input, r.attempts
             """,
-            {"graphs": list(graphs), "worker": worker_id, "ttl": ttl},
+            {"graphs": list(graphs), "worker": worker_id, "ttl": ttl, "max": max_attempts},
         )
         return rows[0] if rows else None
 
@@ -390,13 +467,16 @@ class RunQueue:
         *,
         error: str | None = None,
         checkpoint_id: str | None = None,
+        delay: float = 0.0,
     ) -> None:
         if status == "queued":  # hand back: another worker resumes it from its checkpoint
             await self._exec(
                 "release",
                 "UPDATE graphexec_runs SET status = 'queued', worker_id = NULL, "
-                "lease_expires_at = NULL WHERE run_id = %s AND worker_id = %s",
-                (run_id, worker_id),
+                "lease_expires_at = NULL, error = coalesce(%s, error), "
+                "not_before = clock_timestamp() + %s * interval '1 second' "
+                "WHERE run_id = %s AND worker_id = %s",
+                (error, delay, run_id, worker_id),
             )
             return
         await self._exec(
@@ -408,14 +488,38 @@ class RunQueue:
         )
 
 
-def _redact(dsn: str) -> str:
-    """The DSN without its password, for error messages."""
-    head, sep, tail = dsn.partition("@")
-    if not sep or "://" not in head:
-        return dsn
-    scheme, _, creds = head.partition("://")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}@{tail}"
+_URL_PASSWORD = re.compile(r"(\w+://[^:/@?#\s]*:)([^@\s]*)(@)")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&#\s]*)", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"((?<![?&\w])password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
+_HIDDEN = "***"
+
+
+def redact_dsn(text: str, dsn: str | None = None) -> str:
+    """``text`` with every PostgreSQL password in it replaced by ``***``, for messages and logs.
+
+    Covers URL DSNs (``postgresql://user:secret@host``, ``?password=secret``), key=value DSNs
+    (``password=secret``, ``password = 'se cret'``), percent-encoded passwords, and -- when the
+    ``dsn`` the text came from is given -- that DSN's password wherever else it appears (an
+    error message quoting it, decoded or encoded).
+
+    Args:
+        text: A DSN, or a message that may contain one.
+        dsn: The connection string in use, whose password must not appear in ``text``.
+    """
+    secrets: set[str] = set()
+    if dsn:
+        for pattern, group in ((_URL_PASSWORD, 2), (_QUERY_PASSWORD, 2), (_KV_PASSWORD, 2)):
+            for m in pattern.finditer(dsn):
+                value = m.group(group)
+                if value.startswith("'"):
+                    value = value.strip("'").replace("\\'", "'").replace("\\\\", "\\")
+                secrets.update({value, unquote(value), quote(unquote(value), safe="")})
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + _HIDDEN + m.group(3), text)
+    text = _QUERY_PASSWORD.sub(lambda m: m.group(1) + _HIDDEN, text)
+    text = _KV_PASSWORD.sub(lambda m: m.group(1) + _HIDDEN, text)
+    for secret in sorted(secrets - {"", _HIDDEN}, key=len, reverse=True):
+        text = text.replace(secret, _HIDDEN)
+    return text
 
 
 def _row(r: Sequence[Any]) -> QueuedRun:
@@ -448,6 +552,13 @@ class Worker:
         poll_interval: Seconds between claims when the queue is empty (it backs off to this).
         grace: Seconds in-flight runs get to finish after :meth:`stop` / ``SIGTERM``.
         worker_id: A name for this worker (default: host and pid).
+        max_attempts: Claims a run gets in all. A run whose worker died in it, or whose run
+            raised a :class:`~graphexec.StorageError`, is retried until then, and then ends
+            ``failed`` with its last error. (A run that ends ``failed`` on its own -- a node
+            raised -- is not retried here: that is the graph's retry policy's job.)
+        retry_delay: Seconds before the first retry of a run that raised; doubled on each
+            further attempt, at most :data:`MAX_BACKOFF`.
+        encryption: The keys of the queue's run inputs and of the default checkpointer.
     """
 
     def __init__(
@@ -460,6 +571,9 @@ class Worker:
         poll_interval: float = 0.5,
         grace: float = 30.0,
         worker_id: str | None = None,
+        max_attempts: int = 5,
+        retry_delay: float = 1.0,
+        encryption: Encryption | None = None,
     ) -> None:
         if not graphs:
             raise GraphExecError("a worker needs at least one graph")
@@ -467,8 +581,16 @@ class Worker:
             raise GraphExecError(
                 "concurrency must be >= 1, lease_ttl and poll_interval > 0, grace >= 0"
             )
-        self.queue = RunQueue(dsn, max_size=concurrency + 2)
+        if max_attempts < 1 or retry_delay < 0:
+            raise GraphExecError(
+                f"max_attempts must be >= 1 and retry_delay >= 0, got {max_attempts} and "
+                f"{retry_delay}"
+            )
+        self.queue = RunQueue(dsn, max_size=concurrency + 2, encryption=encryption)
         self.dsn = dsn
+        self.max_attempts = max_attempts
+        self.retry_delay = retry_delay
+        self.encryption = encryption
         self._given = dict(graphs)
         self.graphs: dict[str, CompiledGraph[Any]] = {}
         self.concurrency = concurrency
@@ -491,7 +613,7 @@ class Worker:
         for name, graph in self._given.items():
             if graph.checkpointer is None:
                 if self._store is None:
-                    self._store = PostgresCheckpointer(self.dsn)
+                    self._store = PostgresCheckpointer(self.dsn, encryption=self.encryption)
                 graph = graph.with_checkpointer(self._store)
             self.graphs[name] = graph
         await self.queue.setup()
@@ -519,7 +641,9 @@ class Worker:
                 if len(self._tasks) >= self.concurrency:
                     await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                claimed = await self.queue._claim(list(self.graphs), self.worker_id, self.lease_ttl)
+                claimed = await self.queue._claim(
+                    list(self.graphs), self.worker_id, self.lease_ttl, self.max_attempts
+                )
                 if claimed is None:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), delay)
@@ -552,17 +676,17 @@ class Worker:
     ) -> None:
         graph = self.graphs[graph_name]
         try:
-            given = _decode_input(blob)
+            given = _decode_input(blob, run_id, self.encryption)
         except DeserializationError as e:  # a corrupt row must not be retried forever
             await self._fail(run_id, e)
             return
         run_input = given
         if attempts > 1:
-            # Taken over (or handed back): if this run already committed a step, its input is in
-            # the thread, so resume from the checkpoint instead of applying the input again.
-            head = await graph.aget_state(thread_id)
-            if head is not None and head.metadata.get("queue_run_id") == run_id:
-                run_input = None
+            try:
+                run_input = await self._takeover_input(graph, run_id, thread_id, given)
+            except StorageError as e:
+                await self._retry(run_id, attempts, e)
+                return
         control = _Control()
         job = asyncio.create_task(
             graph.arun(
@@ -580,13 +704,10 @@ class Worker:
             if status == "cancelled":
                 self.completed += 1
             return
-        except InvalidResumeError as e:
-            if attempts > 1:  # the answers were recorded before the takeover: just resume
-                await self.queue._finish(run_id, self.worker_id, "queued")
-                return
-            await self._fail(run_id, e)
+        except StorageError as e:  # the database, not the run: retry later, a bounded number
+            await self._retry(run_id, attempts, e)
             return
-        except Exception as e:
+        except Exception as e:  # deterministic (bad input, a refused resume): fail at once
             await self._fail(run_id, e)
             return
         finally:
@@ -596,6 +717,44 @@ class Worker:
             run_id, self.worker_id, result.status, error=error, checkpoint_id=result.checkpoint_id
         )
         self.completed += 1
+
+    async def _takeover_input(
+        self, graph: CompiledGraph[Any], run_id: str, thread_id: str, given: Any
+    ) -> Any:
+        """What a run claimed again (taken over, handed back, retried) resumes with.
+
+        If this run already committed a step, or recorded its answers (a ``Command(resume=...)``
+        whose interrupts are no longer pending while the interrupted step still waits to run),
+        its input is in the thread: resume from the checkpoint instead of applying it again.
+        """
+        head = await graph.aget_state(thread_id)
+        if head is None:
+            return given
+        if head.metadata.get("queue_run_id") == run_id:
+            return None
+        if (
+            isinstance(given, Command)
+            and given.resume is not None
+            and head.next
+            and not head.interruptions
+        ):
+            return None
+        return given
+
+    async def _retry(self, run_id: str, attempts: int, e: Exception) -> None:
+        if attempts >= self.max_attempts:
+            await self.queue._finish(
+                run_id,
+                self.worker_id,
+                "failed",
+                error=f"gave up after {attempts} attempt(s): {type(e).__name__}: {e}",
+            )
+            self.completed += 1
+            return
+        delay = min(self.retry_delay * 2 ** (attempts - 1), MAX_BACKOFF)
+        await self.queue._finish(
+            run_id, self.worker_id, "queued", error=f"{type(e).__name__}: {e}", delay=delay
+        )
 
     async def _fail(self, run_id: str, e: Exception) -> None:
         await self.queue._finish(run_id, self.worker_id, "failed", error=f"{type(e).__name__}: {e}")

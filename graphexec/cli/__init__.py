@@ -185,19 +185,52 @@ def _parser() -> argparse.ArgumentParser:
     e.set_defaults(handler=_threads.cmd_expire)
 
     dsn_default = os.environ.get(DSN_VARIABLE)
+
+    def dsn_option(p: argparse.ArgumentParser) -> None:
+        # Not required by argparse: $GRAPHEXEC_DSN may give it; the command says when neither.
+        p.add_argument(
+            "--dsn",
+            default=dsn_default,
+            metavar="postgresql://...",
+            help=f"the PostgreSQL database of the queue (default: ${DSN_VARIABLE})",
+        )
+
     w = command("worker", "serve queued runs from PostgreSQL")
     w.add_argument("graphs", nargs="+", metavar="[NAME=]MODULE:GRAPH")
-    w.add_argument("--dsn", required=dsn_default is None, default=dsn_default)
-    w.add_argument("--concurrency", type=int, default=4)
-    w.add_argument("--lease-ttl", type=float, default=30.0)
+    dsn_option(w)
+    w.add_argument(
+        "--concurrency", type=int, default=4, metavar="N", help="runs executed at once (4)"
+    )
+    w.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds before a silent worker's runs are taken over (30)",
+    )
     w.add_argument("--grace", type=float, default=30.0, help="seconds to finish on SIGTERM")
     w.add_argument("--worker-id", default=None)
     w.add_argument("--max-runs", type=int, default=None, help="exit after this many runs")
+    w.add_argument(
+        "--max-attempts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="claims a run gets before it ends failed, when its worker dies or the database "
+        "fails (5)",
+    )
+    w.add_argument(
+        "--retry-delay",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="wait before a retry, doubled on each further one (1)",
+    )
     w.set_defaults(handler=_queue.cmd_worker)
 
     q = command("enqueue", "add a run to the PostgreSQL queue")
     q.add_argument("graph", help="graph name a worker serves")
-    q.add_argument("--dsn", required=dsn_default is None, default=dsn_default)
+    dsn_option(q)
     q.add_argument("--input", default=None, help="JSON, or @file with JSON; omit to resume")
     q.add_argument("--thread", default=None)
     q.add_argument("--run-id", default=None)
@@ -207,7 +240,7 @@ def _parser() -> argparse.ArgumentParser:
     q.set_defaults(handler=_queue.cmd_enqueue)
 
     rn = command("runs", "list, cancel or wait for queued runs")
-    rn.add_argument("--dsn", required=dsn_default is None, default=dsn_default)
+    dsn_option(rn)
     rn.add_argument("--status", default=None)
     rn.add_argument("--thread", default=None)
     rn.add_argument("--limit", type=int, default=50)

@@ -1,4 +1,8 @@
-"""Commands of the PostgreSQL run queue: worker, enqueue, runs."""
+"""Commands of the PostgreSQL run queue: worker, enqueue, runs.
+
+Run inputs are encrypted at rest with ``$GRAPHEXEC_ENCRYPTION_KEYS`` when it is set (the same
+keys as the checkpoints), so ``enqueue`` and ``worker`` must be given the same keys.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,28 @@ import json
 import sys
 from typing import Any
 
-from graphexec.cli._common import EXIT_FAILED, EXIT_OK, json_arg, load_graph, table
+from graphexec.cli._common import (
+    DSN_VARIABLE,
+    EXIT_FAILED,
+    EXIT_OK,
+    CliError,
+    _encryption,
+    json_arg,
+    load_graph,
+    table,
+)
 
 __all__ = ["cmd_enqueue", "cmd_runs", "cmd_worker"]
+
+
+def _dsn(args: argparse.Namespace) -> str:
+    if not args.dsn:
+        raise CliError(
+            f"{args.command} needs the queue's PostgreSQL database: pass --dsn postgresql://... "
+            f"or set ${DSN_VARIABLE}"
+        )
+    dsn: str = args.dsn
+    return dsn
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
@@ -17,12 +40,15 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
     graphs = dict(load_graph(spec) for spec in args.graphs)
     worker = Worker(
-        args.dsn,
+        _dsn(args),
         graphs,
         concurrency=args.concurrency,
         lease_ttl=args.lease_ttl,
         grace=args.grace,
         worker_id=args.worker_id,
+        max_attempts=args.max_attempts,
+        retry_delay=args.retry_delay,
+        encryption=_encryption(),
     )
     print(f"worker {worker.worker_id} serving {', '.join(graphs)}", file=sys.stderr, flush=True)
     await worker.run(max_runs=args.max_runs, install_signals=True)
@@ -33,7 +59,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 async def cmd_enqueue(args: argparse.Namespace) -> int:
     from checkpointers.queue import RunQueue
 
-    queue = RunQueue(args.dsn)
+    queue = RunQueue(_dsn(args), encryption=_encryption())
     try:
         payload = None if args.input is None else json_arg(args.input)
         run_id = await queue.enqueue(args.graph, payload, thread_id=args.thread, run_id=args.run_id)
@@ -68,7 +94,7 @@ def _run_dict(run: Any) -> dict[str, Any]:
 async def cmd_runs(args: argparse.Namespace) -> int:
     from checkpointers.queue import RunQueue
 
-    queue = RunQueue(args.dsn)
+    queue = RunQueue(_dsn(args))
     try:
         if args.cancel:
             runs = [await queue.cancel(args.cancel)]

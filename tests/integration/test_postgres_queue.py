@@ -9,13 +9,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import psycopg
 import pytest
 from pg import fresh_schema, postgres_dsn, schema_dsn
 
+from checkpointers import Encryption
 from checkpointers.queue import RunQueue, Worker
 from graphexec import Command
 
@@ -51,6 +52,7 @@ def graphs() -> dict[str, object]:
         "chain": queue_graphs.build_chain(),
         "asking": queue_graphs.build_asking(),
         "broken": queue_graphs.build_broken(),
+        "approving": queue_graphs.build_approving(),
     }
 
 
@@ -67,10 +69,16 @@ def trace_counts(path: Path) -> Counter[str]:
 
 
 def spawn_worker(
-    dsn: str, trace: Path, *extra: str, step: float = 0.3, graph: str = "queue_graphs:chain"
+    dsn: str,
+    trace: Path,
+    *extra: str,
+    step: float = 0.3,
+    graph: str = "queue_graphs:chain",
+    environ: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """A ``graphexec worker`` process; its output goes to a ``.log`` file beside ``trace``."""
     env = dict(os.environ)
+    env.update(environ or {})
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")])
     env["GRAPHEXEC_TEST_TRACE"] = str(trace)
     env["GRAPHEXEC_TEST_STEP_SECONDS"] = str(step)
@@ -237,3 +245,123 @@ async def test_four_workers_drain_200_runs_none_lost_none_twice(
     counts = trace_counts(trace)
     assert len(counts) == 400 and set(counts.values()) == {1}  # every step of every run, once
     assert len({r.worker_id for r in runs if r is not None}) > 1  # the work was shared
+
+
+def stop(*workers: subprocess.Popen[str]) -> None:
+    for w in workers:
+        if w.poll() is None:
+            w.kill()
+            w.wait(10)
+
+
+async def test_takeover_after_the_answer_was_recorded_resumes_and_pays_once(
+    queue: RunQueue, dsn: str, tmp_path: Path
+) -> None:
+    """SIGKILL inside the approved node; the next worker resumes with no input (#19.1)."""
+    trace = tmp_path / "trace.txt"
+    kill_once = {"GRAPHEXEC_TEST_KILL_ONCE": str(tmp_path / "killed")}
+    first = await queue.enqueue("approving", {"log": []}, thread_id="a")
+    await serve(dsn, 1)
+    assert (await queue.wait(first, timeout=10)).status == "interrupted"
+    rid = await queue.enqueue("approving", Command(resume="yes"), thread_id="a")
+    graph = "queue_graphs:approving"
+    victim = spawn_worker(dsn, trace, step=0.0, graph=graph, environ=kill_once)
+    rescuer = None
+    try:
+        # the victim recorded the answer, entered the node and killed itself before paying
+        assert victim.wait(60) == -signal.SIGKILL, logs(trace)
+        assert (tmp_path / "killed").exists() and not trace_counts(trace)
+        rescuer = spawn_worker(dsn, trace, "--max-runs", "1", step=0.0, graph=graph)
+        assert rescuer.wait(30) == 0, logs(trace)
+    finally:
+        stop(victim, *([rescuer] if rescuer else []))
+    run = await queue.wait(rid, timeout=10)
+    assert (run.status, run.attempts, run.error) == ("done", 2, None)
+    assert trace_counts(trace) == Counter({"a pay": 1})  # the effect happened exactly once
+    from checkpointers.postgres import PostgresCheckpointer
+
+    async with PostgresCheckpointer.open(dsn) as store:
+        state = await graphs()["approving"].with_checkpointer(store).aget_state("a")  # type: ignore[attr-defined]
+    assert state.values == {"log": ["paid"], "answer": "yes"} and state.next == ()
+
+
+async def test_a_run_that_kills_every_worker_ends_failed_after_max_attempts(
+    queue: RunQueue, dsn: str, tmp_path: Path
+) -> None:
+    """A poison run is claimed ``--max-attempts`` times, then ends failed with why (#19.1)."""
+    trace = tmp_path / "trace.txt"
+    rid = await queue.enqueue("crashing", {"log": []}, thread_id="p")
+    options = ("--max-attempts", "2")
+    for _ in range(2):
+        w = spawn_worker(dsn, trace, *options, step=0.0, graph="queue_graphs:crashing")
+        try:
+            assert w.wait(60) == -signal.SIGKILL, logs(trace)
+        finally:
+            stop(w)
+    last = spawn_worker(dsn, trace, *options, step=0.0, graph="queue_graphs:crashing")
+    try:
+        run = await queue.wait(rid, timeout=30)
+        assert last.poll() is None, logs(trace)  # it gave up on the run instead of running it
+    finally:
+        last.send_signal(signal.SIGTERM)
+        assert last.wait(20) == 0, logs(trace)
+    assert run.status == "failed" and run.attempts == 2 and run.error is not None
+    assert run.error.startswith("gave up after 2 attempt(s)") and "lease expired" in run.error
+    assert trace_counts(trace) == Counter({"p die": 2})
+
+
+async def test_a_run_whose_database_keeps_failing_backs_off_then_fails(
+    queue: RunQueue, dsn: str
+) -> None:
+    """StorageError from the run: retried with a doubling delay, then failed with it (#19.1)."""
+    from checkpointers.postgres import PostgresCheckpointer
+
+    down = PostgresCheckpointer("postgresql://graphexec:s3cret@127.0.0.1:1/none")
+    chain = graphs()["chain"].with_checkpointer(down)  # type: ignore[attr-defined]
+    rid = await queue.enqueue("chain", {"log": []}, thread_id="s")
+    worker = Worker(
+        dsn, {"chain": chain}, poll_interval=0.05, lease_ttl=1.5, max_attempts=3, retry_delay=0.2
+    )
+    try:
+        await asyncio.wait_for(worker.run(max_runs=1), 60)
+    finally:
+        await down.aclose()
+    run = await queue.get(rid)
+    assert run is not None and run.status == "failed" and run.attempts == 3, run
+    assert run.error is not None and run.error.startswith("gave up after 3 attempt(s): Storage")
+    assert "s3cret" not in run.error
+    assert run.finished_at is not None and run.started_at is not None
+    # not claimed again before its not_before: 0.2 s, then 0.4 s
+    assert (run.finished_at - run.started_at).total_seconds() >= 0.6
+
+
+async def test_run_input_is_encrypted_at_rest_and_bound_to_its_run(dsn: str) -> None:
+    """The input blob is sealed with the checkpoints' keys and the run id (#19.14)."""
+    enc = Encryption(keys={"k1": os.urandom(32)}, active="k1")
+    q = RunQueue(dsn, encryption=enc)
+    try:
+        rid = await q.enqueue("chain", {"log": ["card 4242"]}, thread_id="e")
+        moved = await q.enqueue("chain", {"log": []}, thread_id="e2")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute("SELECT input FROM graphexec_runs WHERE run_id = %s", (rid,))
+            row = await cur.fetchone()
+            assert row is not None and b"card 4242" not in bytes(row[0])
+            # a copy of one run's input into another run's row fails authentication
+            await conn.execute(
+                "UPDATE graphexec_runs SET input = %s WHERE run_id = %s", (row[0], moved)
+            )
+        plain = Worker(dsn, graphs(), poll_interval=0.05)  # type: ignore[arg-type]
+        await asyncio.wait_for(plain.run(max_runs=1), 60)  # no keys: refuses the thread's first
+        refused = await q.get(rid)
+        assert refused is not None and refused.status == "failed" and refused.error is not None
+        assert "is encrypted; give the worker encryption=" in refused.error
+        await q.enqueue("chain", {"log": ["card 4242"]}, thread_id="e3", run_id="r3")
+        keyed = Worker(dsn, graphs(), poll_interval=0.05, encryption=enc)  # type: ignore[arg-type]
+        await asyncio.wait_for(keyed.run(max_runs=2), 60)
+        swapped = await q.get(moved)
+        assert swapped is not None and swapped.status == "failed" and swapped.error is not None
+        assert "failed authentication" in swapped.error
+        done = await q.get("r3")
+        assert done is not None and done.status == "done", done
+    finally:
+        await q.aclose()
