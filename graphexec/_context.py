@@ -49,12 +49,19 @@ class NodeContext:
         self._writer(payload)
 
     def effect(self, name: str, fn: Callable[[], Any]) -> Any:
-        """Run a side effect at most once for this task and return its (recorded) result.
+        """Run a side effect for this task, record its result, and return it (re-runs reuse it).
 
         The first time, ``fn()`` runs and its result is stored durably with the task before
         ``effect`` returns. When the node runs again — after an interrupt is answered, a crash,
-        or a retry — the stored result is returned and ``fn`` is not called. Combine with
-        :attr:`idempotency_key` when the external system can deduplicate too.
+        or a retry — the stored result is returned and ``fn`` is not called.
+
+        What that guarantees: exactly once, unless the process dies (or the store fails)
+        after ``fn`` started and before its result was recorded. Then nothing says whether the
+        effect happened, and the re-run task calls ``fn`` again: at least once across such a
+        crash. A ``fn`` that raises records nothing either, so a retry calls it again. The
+        repeat is safe when ``fn`` passes :attr:`idempotency_key` to the external system
+        (an idempotency key, a unique request id, an upsert key): the key is the same for
+        every run of the task, so the system can recognise and drop the second request.
 
         In an async node, await it: ``await ctx.effect("charge", charge_card)`` (``fn`` may be
         sync or async). In a sync node, call it: ``ctx.effect("charge", charge_card)``.
