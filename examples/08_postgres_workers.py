@@ -9,7 +9,9 @@ What it shows:
   the other worker takes its runs over, resuming each from its last checkpoint: no run is
   lost, finished steps are not repeated.
 - The ``notify`` node calls a (fake) external service inside ``ctx.effect`` with the task's
-  idempotency key, so each customer is notified once even when a run changes hands.
+  idempotency key, so a run that changes hands after ``notify`` reuses the recorded result:
+  each customer is notified once. (Only a kill inside the call itself, before its result is
+  recorded, could repeat it, with the same key, for a real service to drop.)
 
 Needs a PostgreSQL server: set ``GRAPHEXEC_DSN=postgresql://user:pass@host/db`` (the test suite's
 ``GRAPHEXEC_TEST_POSTGRES_DSN`` works too). Without one it prints why and exits successfully.

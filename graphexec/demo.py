@@ -7,8 +7,9 @@
 - ``draft`` writes the reply (a deterministic stand-in for an LLM call) and counts its calls in
   ``draft_calls.log``, so a re-draft after a crash would show;
 - ``crm`` needs a human's approval, then updates the (fake, file-based) CRM inside
-  ``ctx.effect`` with the task's idempotency key, so the update happens once even if the node
-  runs again.
+  ``ctx.effect`` with the task's idempotency key, so a re-run of the node reuses the recorded
+  update (only a crash inside the update itself could repeat it, with the same key in the
+  record, for a real CRM to drop).
 
 Everything lives in one directory (:class:`DemoFiles`): ``graphexec.db`` (checkpoints),
 ``memory.db`` (facts), ``crm.jsonl`` (the CRM's records) and ``draft_calls.log``.
