@@ -61,3 +61,41 @@ def test_commands_on_postgres(
 
     status, _, err = cli("history", "ghost")
     assert status == EXIT_USAGE and "no thread 'ghost' in the PostgreSQL database" in err
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://gx:s3cr%40t@127.0.0.1:1/none",
+        "postgresql://gx@127.0.0.1:1/none?password=s3cr%40t&sslmode=disable",
+        "host=127.0.0.1 port=1 user=gx password=s3cr@t dbname=none",
+        "host=127.0.0.1 port=1 user=gx password='s3cr@t' dbname=none",
+    ],
+)
+@pytest.mark.parametrize("command", [["runs"], ["enqueue", "chain", "--input", "{}"]])
+def test_queue_commands_on_unreachable_postgres_say_one_line_without_the_password(
+    dsn: str,
+    command: list[str],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """#19.8, #20.7: exit 2 at once, one line on stderr, no password, no pool log spam."""
+    status = main([*command, "--dsn", dsn])
+    out, err = capsys.readouterr()
+    assert status == EXIT_USAGE and out == ""
+    assert len(err.strip().splitlines()) == 1 and "cannot use PostgreSQL" in err, err
+    assert "s3cr" not in err and "40t" not in err, err
+    assert not [r for r in caplog.records if r.name.startswith("psycopg")]
+
+
+def test_queue_command_help_names_the_dsn_default_and_units(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GRAPHEXEC_DSN", raising=False)
+    assert main(["worker", "--help"]) == EXIT_OK
+    out = " ".join(capsys.readouterr().out.split())
+    assert "[--dsn postgresql://...]" in out and "(default: $GRAPHEXEC_DSN)" in out
+    assert "--concurrency N runs executed at once" in out
+    assert "--lease-ttl SECONDS seconds before" in out
+    assert main(["runs"]) == EXIT_USAGE
+    assert "pass --dsn postgresql://... or set $GRAPHEXEC_DSN" in capsys.readouterr().err
