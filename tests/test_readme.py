@@ -93,6 +93,8 @@ def test_python_block_runs(program: Program, tmp_path: Path) -> None:
     if "GRAPHEXEC_TEST_POSTGRES_DSN" in program.source and not env.get(
         "GRAPHEXEC_TEST_POSTGRES_DSN"
     ):
+        if env.get("GRAPHEXEC_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{program.id} needs PostgreSQL: GRAPHEXEC_TEST_POSTGRES_DSN is not set")
         pytest.skip("needs PostgreSQL: set GRAPHEXEC_TEST_POSTGRES_DSN")
     script = tmp_path / "block.py"
     script.write_text(program.source, encoding="utf-8")
