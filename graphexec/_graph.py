@@ -27,6 +27,7 @@ from graphexec._draw import draw_mermaid, draw_svg, graph_to_networkx
 from graphexec._executor import Run, resume_error
 from graphexec._hitl import INTERRUPT_PREFIX, Answer, RunState, to_answer
 from graphexec._reader import Prefetched, ThreadReader
+from graphexec._state import _MISSING
 from graphexec._streamed import StreamedRun
 from graphexec._sync import iterate_sync, run_sync
 from graphexec._tasks import (
@@ -353,7 +354,7 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
                     thread_id=thread_id,
                 )
             answers = self._match_answers(thread_id, pending, input.resume)
-            self._check_edits(thread_id, pending, answers)
+            self._check_edits(thread_id, pending, answers, run.values)
             run.check_version()
             await run.record_answers(answers)
             await run.loop()
@@ -393,20 +394,24 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
                 "never interrupted); start a new run with an input instead",
                 thread_id=thread_id,
             )
+        # A mapping with any key that looks like an interrupt id ("intr-" + 24 hex digits, or
+        # just the prefix) answers by id: every key must then be a pending id. Reading it as one
+        # value for the single pending interrupt would record a mistyped id as the answer.
         if (
             isinstance(resume, Mapping)
             and resume
-            and all(isinstance(k, str) and k.startswith(INTERRUPT_PREFIX) for k in resume)
+            and any(isinstance(k, str) and k.startswith(INTERRUPT_PREFIX) for k in resume)
         ):
             unknown = [k for k in resume if k not in by_id]
             if unknown:
                 raise InvalidResumeError(
                     f"thread {thread_id!r}: interruption id(s) {unknown} are not pending "
-                    f"(unknown, stale or already answered); pending: {ids}",
+                    f"(unknown, stale or already answered); pending: {ids}. Ids are 'intr-' "
+                    "and 24 hex digits, as listed in result.interruptions",
                     thread_id=thread_id,
                     pending=ids,
                 )
-            return {k: to_answer(by_id[k].kind, v) for k, v in resume.items()}
+            return {k: to_answer(by_id[k], v, thread_id=thread_id) for k, v in resume.items()}
         if len(pending) > 1:
             raise InvalidResumeError(
                 f"thread {thread_id!r} has {len(pending)} pending interrupts; answer by id with "
@@ -414,7 +419,7 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
                 thread_id=thread_id,
                 pending=ids,
             )
-        return {pending[0].id: to_answer(pending[0].kind, resume)}
+        return {pending[0].id: to_answer(pending[0], resume, thread_id=thread_id)}
 
     def check_update(self, writer: str, update: Any) -> None:
         """Refuse, without writing anything, an update the schema or the serializer would refuse.
@@ -428,17 +433,38 @@ class CompiledGraph(ThreadReader, Generic[StateT]):
         for ch, value in self.spec.schema.coerce_update(writer, update).items():
             self.serde.dumps(value, channel=ch)
 
+    def _check_edited(self, writer: str, update: Any, values: Mapping[str, Any]) -> None:
+        """:meth:`check_update`, then fold the update through the reducers onto ``values``.
+
+        Approved edits are checked like this before they are recorded: an edit only a reducer
+        refuses (a str for a ``list`` key reduced with ``operator.add``) would otherwise be
+        stored, and fail the run each time it resumes.
+        """
+        channels = self.spec.schema.channels
+        for ch, value in self.spec.schema.coerce_update(writer, update).items():
+            self.serde.dumps(value, channel=ch)
+            spec = channels[ch]
+            if spec.reducer is not None:
+                spec.reduce(writer, values.get(ch, _MISSING), value)
+
     def _check_edits(
-        self, thread_id: str | None, pending: Sequence[Interruption], answers: Mapping[str, Answer]
+        self,
+        thread_id: str | None,
+        pending: Sequence[Interruption],
+        answers: Mapping[str, Answer],
+        values: Mapping[str, Any],
     ) -> None:
-        """Refuse approval edits the schema would refuse, before anything is recorded."""
+        """Refuse approval edits the schema or a reducer would refuse, before anything is recorded.
+
+        ``values`` is the state the edits fold onto.
+        """
         nodes = {i.id: i.node for i in pending}
         for iid, answer in answers.items():
             if not answer.edited:
                 continue
             node = nodes[iid]
             try:
-                self.check_update(node, answer.edited)
+                self._check_edited(node, answer.edited, values)
             except (InvalidUpdateError, SerializationError) as e:
                 raise InvalidResumeError(
                     f"the edits approved for node {node!r} are refused: {e}; nothing was "

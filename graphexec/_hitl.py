@@ -10,10 +10,21 @@ How resuming works (read this before using ``interrupt``):
   answers. The answers are saved with the task before anything runs, then the interrupted node
   runs again **from its top**; each ``interrupt()`` call that has an answer returns it instead of
   pausing. Code before ``interrupt()`` therefore runs again — wrap side effects in
-  ``ctx.effect(name, fn)`` so they happen once.
-- Answers are matched by id, never by position among pending interrupts. Unknown or already
-  answered ids raise :class:`~graphexec.errors.InvalidResumeError`; so does a resume of a thread
-  with nothing pending.
+  ``ctx.effect(name, fn)`` so they happen once (again only after a crash inside the effect,
+  with the same ``ctx.idempotency_key``).
+- Answers are matched by id, never by position among pending interrupts. An id is
+  ``"intr-"`` followed by 24 lowercase hex digits; a ``Command(resume={...})`` whose keys all
+  have that form is read as answers by id, and unknown or already answered ids raise
+  :class:`~graphexec.errors.InvalidResumeError`; so does a resume of a thread with nothing
+  pending.
+- Each answer must fit its interruption's kind: an approval takes ``True`` / ``False`` or an
+  explicit ``approve`` / ``reject`` decision, and only an explicit approve runs the gated node.
+  Anything else is refused before it is recorded.
+- An answer the node could not use (the update the node returned with it fails the state
+  schema or the serializer) is withdrawn when the run fails: the interrupt is pending again
+  and the thread takes a new ``Command(resume=...)``; ``run(None)`` asks again instead of
+  replaying it. After any other failure (an exception from the node's own code) the answer is
+  kept and ``run(None)`` retries with it.
 """
 
 from __future__ import annotations
@@ -45,6 +56,50 @@ _FORMAT = "graphexec.RunState/1"
 INTERRUPT_PREFIX = "intr-"
 
 Decision = Literal["resume", "approve", "reject", "continue"]
+
+# Which decisions answer which kind of interruption. Anything else is refused: an approval
+# gate runs its node only on an explicit "approve" (never on a typo such as "deny").
+DECISIONS: Mapping[str, frozenset[str]] = {
+    "approval": frozenset({"approve", "reject"}),
+    "input": frozenset({"resume"}),
+    "breakpoint": frozenset({"continue", "resume"}),
+}
+
+
+def check_answer(intr: Interruption, answer: Answer, *, thread_id: str | None) -> Answer:
+    """Refuse an answer whose decision or fields do not fit ``intr``'s kind.
+
+    Raises:
+        InvalidResumeError: the decision is not one the kind takes, or ``edited`` / ``reason``
+            / ``by`` have the wrong type.
+    """
+    allowed = DECISIONS.get(intr.kind, frozenset())
+    decision = answer.decision
+    if type(decision) is not str or decision not in allowed:
+        raise InvalidResumeError(
+            f"interruption {intr.id} of node {intr.node!r} is a {intr.kind!r} interrupt; its "
+            f"answer's decision must be one of {sorted(allowed)}, not {decision!r}",
+            thread_id=thread_id,
+        )
+    if answer.edited is not None and (
+        decision != "approve"
+        or not isinstance(answer.edited, Mapping)
+        or not all(type(k) is str for k in answer.edited)
+    ):
+        raise InvalidResumeError(
+            f"interruption {intr.id} of node {intr.node!r}: 'edited' goes with an approve and "
+            f"is a mapping of state keys to values, not {type(answer.edited).__name__}",
+            thread_id=thread_id,
+        )
+    for name in ("reason", "by"):
+        value = getattr(answer, name)
+        if value is not None and type(value) is not str:
+            raise InvalidResumeError(
+                f"interruption {intr.id} of node {intr.node!r}: {name!r} is text, not "
+                f"{type(value).__name__}",
+                thread_id=thread_id,
+            )
+    return answer
 
 
 def interrupt_id(ns: str, task_id: str, key: str) -> str:
@@ -123,6 +178,10 @@ def interrupt(value: Any, *, key: str | None = None) -> Any:
             than once along paths that may change between runs, so answers stay attached to the
             right question; by default the call's position in the node is used.
 
+    The interrupt's id (``Interruption.id``) is ``"intr-"`` followed by 24 lowercase hex
+    digits, derived from the task and ``key``; answer it by id with
+    ``Command(resume={id: answer})``.
+
     Returns:
         The answer given with ``Command(resume=...)`` or ``RunState.resume(...)``.
 
@@ -141,30 +200,43 @@ def interrupt(value: Any, *, key: str | None = None) -> Any:
     raise GraphInterrupt([Interruption(iid, scope.node, "input", value, datetime.now(UTC))])
 
 
-def to_answer(kind: str, raw: Any) -> Answer:
-    """Turn a user's ``Command(resume=...)`` value into an :class:`Answer` for ``kind``."""
+def to_answer(intr: Interruption, raw: Any, *, thread_id: str | None = None) -> Answer:
+    """Turn a user's ``Command(resume=...)`` value into an :class:`Answer` for ``intr``.
+
+    Raises:
+        InvalidResumeError: the value does not answer an interruption of that kind (see
+            :func:`check_answer`).
+    """
     if isinstance(raw, Answer):
-        return raw
-    if kind == "approval":
+        return check_answer(intr, raw, thread_id=thread_id)
+    if intr.kind == "approval":
         if raw is True:
             return Answer("approve")
         if raw is False:
             return Answer("reject")
-        if isinstance(raw, Mapping) and raw.get("decision") in ("approve", "reject"):
-            return Answer(
-                raw["decision"],
-                edited=raw.get("edited"),
-                reason=raw.get("reason"),
-                by=raw.get("by"),
-            )
+        if isinstance(raw, Mapping) and type(raw.get("decision")) is str:
+            if raw["decision"] in ("approve", "reject"):
+                answer = Answer(
+                    raw["decision"],
+                    edited=raw.get("edited"),
+                    reason=raw.get("reason"),
+                    by=raw.get("by"),
+                )
+                return check_answer(intr, answer, thread_id=thread_id)
         raise InvalidResumeError(
-            f"an approval is answered with True (approve), False (reject) or "
-            f"{{'decision': 'approve'|'reject', ...}}, not {raw!r}; or use RunState.approve()",
-            thread_id=None,
+            f"the approval {intr.id} of node {intr.node!r} is answered with True (approve), "
+            f"False (reject) or {{'decision': 'approve'|'reject', ...}}, not {_short(raw)}; "
+            "or use RunState.approve()",
+            thread_id=thread_id,
         )
-    if kind == "breakpoint":
+    if intr.kind == "breakpoint":
         return Answer("continue", value=raw)
     return Answer("resume", value=raw)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # -- JSON encoding of values in a RunState -----------------------------------------------------
@@ -197,8 +269,19 @@ def _decode(graph: CompiledGraph[Any], value: Any) -> Any:
     return value
 
 
+def _key_bytes(key: Any, thread_id: str | None) -> bytes:
+    """The signing key as bytes; an empty key (or one of another type) is refused."""
+    if type(key) not in (str, bytes) or not key:
+        raise InvalidResumeError(
+            "a RunState signing key must be a non-empty str or bytes (an empty key signs "
+            "nothing); pass the secret your deployment keeps for RunStates",
+            thread_id=thread_id,
+        )
+    return key.encode() if isinstance(key, str) else key
+
+
 def _sign(key: str | bytes, body: Mapping[str, Any]) -> str:
-    raw = key.encode() if isinstance(key, str) else key
+    raw = _key_bytes(key, None)
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hmac.new(raw, canonical.encode(), hashlib.sha256).hexdigest()
 
@@ -304,14 +387,42 @@ class RunState:
     # -- serialization ------------------------------------------------------------------------
 
     def to_json(
-        self, graph: CompiledGraph[Any] | None = None, *, key: str | bytes | None = None
+        self,
+        graph: CompiledGraph[Any] | None = None,
+        *,
+        key: str | bytes | None = None,
+        unsigned: bool = False,
     ) -> str:
-        """Serialize to JSON text; with ``key``, sign it (HMAC-SHA256).
+        """Serialize to JSON text, signed with ``key`` (HMAC-SHA256).
+
+        A RunState carries decisions (approvals, edited values, answers): whoever can change
+        the text can change them, so it is signed by default and :meth:`from_json` refuses
+        unsigned text. Pass ``unsigned=True`` instead of a key only for text that never leaves
+        a trusted place (a test, one process); the reader must then opt out too.
 
         Values that JSON cannot hold exactly (datetimes, tuples, models ...) are embedded as
         msgpack from the graph's closed-registry serializer, so ``graph`` is needed for them
         (``result.to_state()`` remembers its graph).
+
+        Args:
+            graph: The graph, when the state does not remember it.
+            key: The signing secret: a non-empty str or bytes.
+            unsigned: Write no signature (instead of a key).
+
+        Raises:
+            GraphExecError: neither ``key`` nor ``unsigned=True`` was given, or both were.
+            InvalidResumeError: ``key`` is empty.
         """
+        if key is None and not unsigned:
+            raise GraphExecError(
+                f"RunState.to_json() of thread {self.thread_id!r} needs key= (the secret that "
+                "signs it, so an edited copy is refused); pass unsigned=True only for text that "
+                "stays in trusted hands"
+            )
+        if key is not None and unsigned:
+            raise GraphExecError("RunState.to_json(): pass key= or unsigned=True, not both")
+        if key is not None:
+            _key_bytes(key, self.thread_id)
         g = graph if graph is not None else self._graph
         if g is None:
             raise GraphExecError("pass the graph: state.to_json(graph)")
@@ -350,21 +461,42 @@ class RunState:
 
     @classmethod
     def from_json(
-        cls, text: str, graph: CompiledGraph[Any], *, key: str | bytes | None = None
+        cls,
+        text: str,
+        graph: CompiledGraph[Any],
+        *,
+        key: str | bytes | None = None,
+        allow_unsigned: bool = False,
     ) -> RunState:
         """Load a state written by :meth:`to_json`, for ``graph``.
 
+        Args:
+            text: The JSON text.
+            graph: The graph the state belongs to.
+            key: The secret it was signed with.
+            allow_unsigned: Accept text written with ``to_json(unsigned=True)``; only for text
+                that never passed through untrusted hands. Without it an unsigned document
+                (or one whose signature was removed) is refused.
+
         Raises:
-            InvalidResumeError: the text is not a RunState, was made by another graph (name
-                or version differ), is signed but no ``key`` was given, is unsigned although a
-                ``key`` was given, or its signature does not match (it was tampered with).
+            InvalidResumeError: the text is not a RunState (or is nested too deeply), was made
+                by another graph (name or version differ), is unsigned and ``allow_unsigned``
+                was not given, is signed but no ``key`` was given, the key is empty, its
+                signature does not match (it was tampered with), or an answer's decision does
+                not fit its interruption's kind.
         """
         try:
             doc = json.loads(text)
+            if type(doc) is not dict:
+                raise TypeError(f"it is a {type(doc).__name__}, not an object")
             body = doc["body"]
             if type(body) is not dict:
                 raise TypeError(f"its body is a {type(body).__name__}, not an object")
             fmt = body["format"]
+        except RecursionError as e:
+            raise InvalidResumeError(
+                "not a RunState JSON document: it is nested too deeply to read", thread_id=None
+            ) from e
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidResumeError(f"not a RunState JSON document: {e}", thread_id=None) from e
         thread = body.get("thread_id")
@@ -376,12 +508,20 @@ class RunState:
             raise InvalidResumeError(f"unsupported RunState format {fmt!r}", thread_id=thread)
         signature = doc.get("signature")
         if key is not None:
+            _key_bytes(key, thread)
             if signature is None:
                 raise InvalidResumeError(
                     "this RunState is not signed but a key was given; refusing unsigned state",
                     thread_id=thread,
                 )
-            if not hmac.compare_digest(str(signature), _sign(key, body)):
+            try:
+                expected = _sign(key, body)
+            except (RecursionError, ValueError, TypeError) as e:
+                raise InvalidResumeError(
+                    f"malformed RunState: its body cannot be checked: {type(e).__name__}",
+                    thread_id=thread,
+                ) from e
+            if type(signature) is not str or not hmac.compare_digest(signature, expected):
                 raise InvalidResumeError(
                     "RunState signature does not match: it was modified or signed with another key",
                     thread_id=thread,
@@ -389,6 +529,13 @@ class RunState:
         elif signature is not None:
             raise InvalidResumeError(
                 "this RunState is signed; pass key= to verify it", thread_id=thread
+            )
+        elif not allow_unsigned:
+            raise InvalidResumeError(
+                f"this RunState of thread {thread!r} is not signed, so its decisions may have "
+                "been edited: write it with to_json(key=...) and read it with the same key= "
+                "(allow_unsigned=True accepts unsigned text from a trusted place only)",
+                thread_id=thread,
             )
         if body.get("graph") != graph.name or body.get("graph_version") != graph.version:
             raise InvalidResumeError(
@@ -421,10 +568,24 @@ class RunState:
             checkpoint_id = body["checkpoint_id"]
             if type(thread) is not str or type(checkpoint_id) is not str:
                 raise TypeError("thread_id and checkpoint_id must be strings")
+        except RecursionError as e:
+            raise InvalidResumeError(
+                "malformed RunState: a value is nested too deeply to read", thread_id=thread
+            ) from e
         except (KeyError, TypeError, ValueError, AttributeError, DeserializationError) as e:
             # Anything but a well-formed document is refused, never half-interpreted; the
             # values' msgpack (closed registry) never constructs what this graph did not register.
             raise InvalidResumeError(f"malformed RunState: {e}", thread_id=thread) from e
+        by_id = {i.id: i for i in interruptions}
+        for iid, answer in answers.items():
+            intr = by_id.get(iid)
+            if intr is None:
+                raise InvalidResumeError(
+                    f"malformed RunState: it answers {iid!r}, which is not one of its "
+                    "interruptions",
+                    thread_id=thread,
+                )
+            check_answer(intr, answer, thread_id=thread)
         state = cls(
             thread_id=thread,
             checkpoint_id=checkpoint_id,

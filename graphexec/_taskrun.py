@@ -19,14 +19,16 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from graphexec._context import NodeContext
 from graphexec._hitl import TaskScope, current_scope, interrupt_id
+from graphexec._records import encode_answers
 from graphexec._serde import Serializer
 from graphexec._state import _MISSING, StateSchema
-from graphexec._tasks import EFFECT, Emitter, Outcome, Task, TaskRecord, idempotency_key_for
+from graphexec._tasks import EFFECT, RESUME, Emitter, Outcome, Task, TaskRecord, idempotency_key_for
 from graphexec._threads import run_in_thread
 from graphexec._types import END, Command, Interruption, Send
 from graphexec.errors import (
     GraphExecError,
     GraphInterrupt,
+    InvalidResumeError,
     InvalidUpdateError,
     NodeExecutionError,
     NodeTimeoutError,
@@ -36,8 +38,13 @@ from graphexec.errors import (
 if TYPE_CHECKING:
     from graphexec._builder import BranchSpec, GraphSpec, NodeSpec
     from graphexec._checkpoint import BaseCheckpointer, Lease
+    from graphexec._types import Durability
 
 __all__ = ["TaskRunner"]
+
+
+# Failures that say the answer itself is unusable: the engine refused what the node did with it.
+_ANSWER_REFUSED = (InvalidUpdateError, SerializationError, InvalidResumeError)
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -61,6 +68,8 @@ class TaskRunner(ABC):
     records: dict[str, TaskRecord]
     step: int
     anchor: str | None
+    durability: Durability
+    _unsaved_answers: list[str]
 
     def _record(self, task_id: str) -> TaskRecord:
         return self.records.setdefault(task_id, TaskRecord())
@@ -115,6 +124,8 @@ class TaskRunner(ABC):
                     "error": repr(e),
                 },
             )
+            if isinstance(e, _ANSWER_REFUSED):
+                await self._withdraw_answers(task, rec)
             return Outcome(task, [], [], error=e)
         if outcome.interrupts:
             return outcome
@@ -133,6 +144,31 @@ class TaskRunner(ABC):
                 },
             )
         return outcome
+
+    async def _withdraw_answers(self, task: Task, rec: TaskRecord) -> None:
+        """Withdraw the answers a failed task was running with, so its interrupts are pending.
+
+        Called when the engine refused what the node made of them (its update fails the
+        schema or the serializer, or an approval's decision is not approve/reject): the same
+        answers would fail the same way, so kept, every ``run(None)`` would replay them and the
+        thread would take no new answer. Any other failure (a flaky service, a crash) keeps
+        them, so ``run(None)`` retries with them. Only the answers to the task's pending
+        interrupts are withdrawn (those given for this run; answers to earlier ``interrupt()``
+        calls of the node stay), and breakpoints' (they carry nothing the node uses). The
+        task's recorded effects and its idempotency key are untouched: answering again re-runs
+        it like any resume.
+        """
+        drop = [i.id for i in rec.interrupts if i.id in rec.answers and i.kind != "breakpoint"]
+        if not drop:
+            return
+        for iid in drop:
+            del rec.answers[iid]
+            rec.answer_info.pop(iid, None)
+        if self.durability != "exit":
+            await self._persist_now(task.task_id, [(RESUME, encode_answers(self.serde, rec))])
+        elif task.task_id not in self._unsaved_answers:
+            # exit durability: stored with the failure, like the answers were to be
+            self._unsaved_answers.append(task.task_id)
 
     async def _gated(self, spec: NodeSpec, task: Task, rec: TaskRecord, step: int) -> Outcome:
         """The approval gate, then the node."""
@@ -160,6 +196,16 @@ class TaskRunner(ABC):
                 if target is None:
                     return Outcome(task, [], [], follow_edges=False, rejected=True)
                 return Outcome(task, [], [] if target == END else [target], follow_edges=False)
+            elif answer.decision != "approve":
+                # Fail closed: only an explicit approve runs the gated node. Answers are checked
+                # when given; this guards answers stored by older versions or by hand.
+                raise InvalidResumeError(
+                    f"node {task.node!r}: its approval {iid} was answered with decision "
+                    f"{answer.decision!r}, which is neither 'approve' nor 'reject'; the node did "
+                    "not run. Answer the approval again",
+                    thread_id=self.thread_id,
+                    pending=[iid],
+                )
             elif answer.edited:
                 items = list(self.schema.coerce_update(task.node, answer.edited).items())
                 edits = self._encode(task.node, items)

@@ -63,7 +63,9 @@ class Command:
         goto: Node name(s) or :class:`Send` objects to run next, replacing the node's static
             edges.
         resume: The answer for a pending interrupt (``Command(resume=value)``) or answers by
-            interruption id (``Command(resume={id: value})``).
+            interruption id (``Command(resume={id: value})``). An id is ``"intr-"`` and 24
+            lowercase hex digits (``Interruption.id``); a mapping with any key starting
+            ``"intr-"`` is read as answers by id, and every key must then be pending.
     """
 
     update: Mapping[str, Any] | None = None

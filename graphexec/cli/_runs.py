@@ -161,6 +161,18 @@ def _check_update(graph: CompiledGraph[Any], writer: str, update: Any, what: str
         raise CliError(f"{what} is refused: {e}") from e
 
 
+def _check_edit(graph: CompiledGraph[Any], node: str, edit: Any, values: Any, thread: str) -> None:
+    """Refuse an ``--edit`` the schema or a reducer would refuse, before anything is written."""
+    from graphexec.errors import InvalidUpdateError, SerializationError
+
+    try:
+        graph._check_edited(node, edit, values)
+    except (InvalidUpdateError, SerializationError) as e:
+        raise CliError(
+            f"--edit for node {node!r} of thread {thread!r} is refused: {e}; nothing was written"
+        ) from e
+
+
 def _pick(
     pending: tuple[Interruption, ...],
     wanted: str | None,
@@ -216,7 +228,7 @@ async def _decide(args: argparse.Namespace, approve: bool) -> int:
                 _graph=g,
             )
             if approve and edit is not None:
-                _check_update(g, target.node, edit, f"--edit for node {target.node!r}")
+                _check_edit(g, target.node, edit, snap.values, args.thread)
             if approve:
                 state.approve(target.id, edited=edit, by=args.by)
             else:

@@ -401,16 +401,18 @@ async def test_run_state_json_round_trip_signing_and_refusals(store: BaseCheckpo
     doc["body"]["thread_id"] = "other"
     with pytest.raises(InvalidResumeError, match="does not match"):
         RunState.from_json(json.dumps(doc), g, key="s3cret")
-    unsigned = r.to_state().to_json()
+    unsigned = r.to_state().to_json(unsigned=True)
     with pytest.raises(InvalidResumeError, match="not signed"):
         RunState.from_json(unsigned, g, key="s3cret")
+    with pytest.raises(InvalidResumeError, match="not signed"):
+        RunState.from_json(unsigned, g)
     other = approval_graph(store, on_reject="apologise")
     with pytest.raises(InvalidResumeError, match="belongs to graph"):
-        RunState.from_json(unsigned, other)
+        RunState.from_json(text, other, key="s3cret")
     with pytest.raises(InvalidResumeError, match="no decisions"):
-        await g.arun(RunState.from_json(unsigned, g))
+        await g.arun(RunState.from_json(unsigned, g, allow_unsigned=True))
     # a state for a thread that moved on is stale
-    stale = RunState.from_json(unsigned, g).approve(0)
+    stale = RunState.from_json(text, g, key="s3cret").approve(0)
     await g.arun(Command(resume=True), thread_id="t")
     with pytest.raises(InvalidResumeError, match="moved on"):
         await g.arun(stale)

@@ -376,19 +376,19 @@ async def test_hostile_runstate_documents_are_refused(
     graph = review_graph(memory_store)
     result = await graph.arun({"draft": "notes", "answer": ""}, thread_id="r")
     assert result.status == "interrupted"
-    text = result.to_state().to_json()
+    text = result.to_state().to_json(unsigned=True)  # the parser's refusals, past the signature
     mutations = _mutations(canary)
     for name, mutate in mutations.items():
         doc = mutate(json.loads(text))
         with GUARD.armed(canary), pytest.raises(InvalidResumeError) as info:
-            RunState.from_json(json.dumps(doc), graph)
+            RunState.from_json(json.dumps(doc), graph, allow_unsigned=True)
         assert "RunState" in str(info.value), name
         STATS.add("hostile", kind="hostile RunState documents")
     for name, envelope in INERT.items():  # inert data is carried as data, never constructed
         doc = json.loads(text)
         doc["body"]["interruptions"][0]["value"] = envelope
         with GUARD.armed(canary):
-            state = RunState.from_json(json.dumps(doc), graph)
+            state = RunState.from_json(json.dumps(doc), graph, allow_unsigned=True)
         assert state.interruptions[0].value == envelope, name
         STATS.add("hostile", kind="hostile RunState documents")
     done = await graph.arun(Command(resume="yes"), thread_id="r")  # the thread is unharmed
