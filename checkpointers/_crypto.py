@@ -89,19 +89,26 @@ class Encryption:
         if not keys:
             raise ValueError("Encryption(keys=...) needs at least one key")
         self._ciphers: dict[bytes, AESGCM] = {}
-        for key_id, key in keys.items():
+        # Messages name an entry by its position, never by its id or key: a misconfigured
+        # entry often holds the key itself where the id belongs.
+        for number, (key_id, key) in enumerate(keys.items(), 1):
             raw_id = key_id.encode() if isinstance(key_id, str) else b""
             if not raw_id or len(raw_id) > 255:
                 raise ValueError(
-                    f"key id {key_id!r} must be a non-empty string of at most 255 UTF-8 bytes"
+                    f"keys entry {number}: the key id must be a non-empty string of at most 255 "
+                    f"UTF-8 bytes (got {type(key_id).__name__} of {_size(key_id)}; not shown)"
                 )
             if not isinstance(key, bytes | bytearray) or len(key) != 32:
                 raise ValueError(
-                    f"key {key_id!r} must be 32 bytes (AES-256), e.g. from os.urandom(32)"
+                    f"keys entry {number}: the key must be 32 bytes (AES-256), e.g. from "
+                    f"os.urandom(32) (got {type(key).__name__} of {_size(key)}; not shown)"
                 )
             self._ciphers[raw_id] = aesgcm(bytes(key))
         if active not in keys:
-            raise ValueError(f"active key id {active!r} is not one of keys={sorted(keys)}")
+            raise ValueError(
+                f"the active key id must be one of the {len(keys)} key ids in keys= (the value "
+                "given is not shown)"
+            )
         self._active_id = active.encode()
         self._active = self._ciphers[self._active_id]
         self._header = bytes([ENVELOPE_VERSION, len(self._active_id)]) + self._active_id
@@ -167,3 +174,12 @@ class Encryption:
 def looks_encrypted(blob: Any) -> bool:
     """Whether ``blob`` starts like an encryption envelope (used to refuse reading it plain)."""
     return isinstance(blob, bytes) and len(blob) > 1 and blob[0] == ENVELOPE_VERSION
+
+
+def _size(value: object) -> str:
+    """``"N bytes"`` / ``"N characters"`` of a rejected id or key, for messages (not its value)."""
+    if isinstance(value, bytes | bytearray):
+        return f"{len(value)} bytes"
+    if isinstance(value, str):
+        return f"{len(value)} characters"
+    return "unknown length"

@@ -153,6 +153,13 @@ def _db_path(args: argparse.Namespace) -> Path:
     return Path(args.db or os.environ.get(DB_VARIABLE) or DEFAULT_DB)
 
 
+READ_COMMANDS = frozenset({"threads", "history", "show", "draw"})
+"""Commands that only read a store: they open it as it is, never creating or migrating it."""
+
+CONNECT_TIMEOUT = 5
+"""Seconds a read command waits for PostgreSQL to accept the connection."""
+
+
 @contextlib.asynccontextmanager
 async def open_store(
     args: argparse.Namespace, *, create: bool = False
@@ -160,9 +167,13 @@ async def open_store(
     """Open the checkpointer ``--db`` / ``--dsn`` names, closing it afterwards.
 
     Without ``create``, a SQLite file that does not exist is an error (and is not created): a
-    typo in a path must not leave an empty database behind.
+    typo in a path must not leave an empty database behind. A read command (one of
+    :data:`READ_COMMANDS`) first checks, without writing, that the store is a graphexec
+    database at the current schema version: another application's file, an empty file, a
+    missing schema or a database that needs a migration is an error, left as it was.
     """
     dsn = args.dsn or (None if args.db else os.environ.get(DSN_VARIABLE))
+    reading = getattr(args, "command", None) in READ_COMMANDS and not create
     store: BaseCheckpointer
     if dsn:
         try:
@@ -171,7 +182,12 @@ async def open_store(
             raise CliError(
                 f"--dsn needs the PostgreSQL extra: pip install 'graphexec[postgres]' ({e})"
             ) from e
-        store = PostgresCheckpointer(dsn, schema=args.schema)
+        try:
+            store = PostgresCheckpointer(dsn, schema=args.schema)
+        except ValueError as e:
+            raise CliError(f"--dsn/--schema: {_redact(str(e), dsn)}") from None
+        if reading:
+            await _check_postgres(store, dsn, args.schema)
     else:
         if args.schema:
             raise CliError("--schema applies to PostgreSQL (--dsn), not to a SQLite --db")
@@ -186,6 +202,8 @@ async def open_store(
                 "an existing file"
             )
         store = SqliteCheckpointer(path, encryption=_encryption())
+        if reading:
+            _check_sqlite(path, store._db.schema_version)
     try:
         await store.setup()
         yield store
@@ -193,11 +211,99 @@ async def open_store(
         await store.aclose()
 
 
+def _redact(text: str, dsn: str) -> str:
+    from checkpointers.queue import redact_dsn
+
+    return redact_dsn(text, dsn)
+
+
+def _version_verdict(where: str, found: int | None, expected: int) -> None:
+    """Refuse a store a read command must not touch (``found`` is ``None``: no graphexec table)."""
+    if found is None:
+        raise CliError(f"{where}: not a graphexec database (no graphexec_migrations table)")
+    if found < expected:
+        raise CliError(
+            f"{where}: graphexec database at schema version {found}, this graphexec uses "
+            f"{expected}; a read command does not migrate it: run a write command (graphexec "
+            "resume/run) or open it from the application once"
+        )
+    # A newer version is refused by setup() itself, without writing.
+
+
+def _check_sqlite(path: Path, expected: int) -> None:
+    """Check, on a read-only connection, that ``path`` is a graphexec database (no writes)."""
+    import sqlite3
+
+    from checkpointers._sql import VERSION_TABLE
+
+    if path.stat().st_size == 0:
+        raise CliError(f"{path}: not a graphexec database (empty file)")
+    # With no -wal / -journal beside it the file alone is the database: open it immutable, so
+    # that SQLite creates no -shm/-wal files either. Otherwise read-only, to see their content.
+    side = [path.with_name(path.name + end) for end in ("-wal", "-journal")]
+    mode = "mode=ro" if any(p.exists() for p in side) else "immutable=1"
+    uri = f"{path.resolve().as_uri()}?{mode}"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+            row = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (VERSION_TABLE,)
+            ).fetchone()
+            found = None
+            if row is not None:
+                (found,) = db.execute(f"SELECT max(version) FROM {VERSION_TABLE}").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise CliError(f"{path}: not a graphexec database ({e})") from None
+    _version_verdict(str(path), found if found is None else int(found), expected)
+
+
+async def _check_postgres(store: Any, dsn: str, schema: str | None) -> None:
+    """Check, reading only, that the schema exists and holds graphexec tables."""
+    import psycopg
+
+    from checkpointers._pg_db import describe_dsn
+    from checkpointers._sql import VERSION_TABLE
+
+    where = describe_dsn(dsn)
+    options: dict[str, Any] = {"autocommit": True}
+    if "connect_timeout" not in dsn:
+        options["connect_timeout"] = CONNECT_TIMEOUT
+    try:
+        conn = await psycopg.AsyncConnection.connect(dsn, **options)
+    except psycopg.Error as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CliError(f"cannot connect to PostgreSQL at {where}: {_redact(first, dsn)}") from None
+    try:
+        async with conn:
+            cur = await conn.execute(
+                "SELECT n.nspname, EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid"
+                " AND c.relname = %s) FROM pg_namespace n"
+                " WHERE n.nspname = coalesce(%s::text, current_schema())",
+                (VERSION_TABLE, schema),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                named = schema if schema is not None else "(the search_path's)"
+                raise CliError(f"{where}: no such schema {named!r}; check --schema")
+            found = None
+            if row[1]:
+                table = psycopg.sql.Identifier(row[0], VERSION_TABLE)
+                cur = await conn.execute(
+                    psycopg.sql.SQL("SELECT max(version) FROM {}").format(table)
+                )
+                (value,) = await cur.fetchone() or (None,)
+                found = None if value is None else int(value)
+    except psycopg.Error as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CliError(f"PostgreSQL at {where}: {_redact(first, dsn)}") from None
+    _version_verdict(f"{where} (schema {row[0]})", found, store._db.schema_version)
+
+
 def _encryption() -> Any:
     """Keys from ``$GRAPHEXEC_ENCRYPTION_KEYS``: ``id=HEX[,id=HEX...]``, the first one active.
 
     The key ids must be the ones the application encrypts with (they are stored in every
-    blob); each key is 64 hex digits (32 bytes).
+    blob); each key is 64 hex digits (32 bytes). Messages name an entry by its position only:
+    a malformed entry may be a key (or hold one), which must never be echoed.
     """
     spec = os.environ.get(KEYS_VARIABLE)
     if not spec:
@@ -205,7 +311,7 @@ def _encryption() -> Any:
     from checkpointers._crypto import Encryption
 
     keys: dict[str, bytes] = {}
-    for part in spec.split(","):
+    for number, part in enumerate(spec.split(","), 1):
         key_id, sep, hexkey = part.strip().partition("=")
         try:
             raw = bytes.fromhex(hexkey)
@@ -214,13 +320,13 @@ def _encryption() -> Any:
         if not sep or not key_id or len(raw) != 32:
             raise CliError(
                 f"{KEYS_VARIABLE} must be id=HEX[,id=HEX...] with 64 hex digits per key; "
-                f"could not read the entry for key id {key_id!r}"
+                f"could not read entry {number} (the value is not shown)"
             )
         keys[key_id] = raw
     try:
         return Encryption(keys=keys, active=next(iter(keys)))
     except (ValueError, ImportError) as e:
-        raise CliError(f"{KEYS_VARIABLE}: {e}") from e
+        raise CliError(f"{KEYS_VARIABLE}: {e}") from None
 
 
 async def thread_head(store: BaseCheckpointer, thread_id: str, where: str) -> Any:
