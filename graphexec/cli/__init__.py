@@ -25,8 +25,10 @@ from graphexec.cli._common import (
     EXIT_USAGE,
     GRAPH_VARIABLE,
     CliError,
+    SafeStream,
     add_store_options,
     load_graph,
+    terminal_safe,
 )
 from graphexec.errors import GraphExecError
 
@@ -75,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Durable agent workflows: run, inspect, time-travel, approve and serve graphs.",
         epilog="exit status: 0 done, 1 run failed, 2 usage error, 3 waiting for a human",
     )
+    from graphexec import __version__
+
+    parser.add_argument("--version", action="version", version=f"graphexec {__version__}")
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
@@ -258,12 +263,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed by the parser
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    # Human output escapes control characters wherever it is printed from: stored thread ids,
+    # node names and values must not drive the terminal (see _common.terminal_safe).
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SafeStream(out), SafeStream(err)
     try:
         status: int = asyncio.run(args.handler(args))
     except (CliError, GraphExecError, TimeoutError) as e:
         message = " ".join((str(e) or type(e).__name__).split())
-        print(f"graphexec {args.command}: {message}", file=sys.stderr)
+        print(f"graphexec {args.command}: {terminal_safe(message)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    finally:
+        sys.stdout, sys.stderr = out, err
     return status

@@ -7,6 +7,8 @@ import contextlib
 import dataclasses
 import datetime as dt
 import importlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import sys
@@ -63,8 +65,9 @@ def load_graph(spec: str) -> tuple[str, CompiledGraph[Any]]:
     """Import ``[name=]module:attribute`` and return ``(name, graph)``.
 
     The attribute may be a compiled graph, a ``StateGraph`` (compiled here) or a zero-argument
-    function returning either. The name defaults to the graph's ``name``. The module is imported
-    from the current directory first, as ``python -m`` would.
+    function returning either. The name defaults to the graph's ``name``. The named module is
+    taken from the current directory when it is there, and nothing else is (see
+    :func:`_import_from_cwd`).
     """
     from graphexec._builder import StateGraph
 
@@ -72,10 +75,8 @@ def load_graph(spec: str) -> tuple[str, CompiledGraph[Any]]:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise CliError(f"{spec!r}: expected MODULE:ATTRIBUTE, e.g. myapp.flows:graph")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        module = _import_from_cwd(module_name)
     except ImportError as e:
         raise CliError(f"cannot import module {module_name!r} (from {spec!r}): {e}") from e
     except Exception as e:  # the module's own code failed while importing
@@ -94,6 +95,32 @@ def load_graph(spec: str) -> tuple[str, CompiledGraph[Any]]:
     if not isinstance(obj, CompiledGraph):
         raise CliError(f"{target} is a {type(obj).__name__}, not a graph (StateGraph or compiled)")
     return (name or obj.name), obj
+
+
+def _import_from_cwd(module_name: str) -> Any:
+    """Import ``module_name``, its top-level package taken from the working directory if there.
+
+    Only the named module comes from the working directory: it is loaded from its file there
+    explicitly, and the directory is *appended* to ``sys.path`` (for the module's own sibling
+    imports), never put in front of it. So a stray ``sqlite3.py`` or ``json.py`` in the
+    directory cannot shadow the standard library or an installed package (``python -m``
+    would let it).
+    """
+    cwd = os.getcwd()
+    top = module_name.partition(".")[0]
+    if top not in sys.modules:
+        spec = importlib.machinery.PathFinder.find_spec(top, [cwd])
+        if spec is not None and spec.loader is not None:
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[top] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[top]
+                raise
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return importlib.import_module(module_name)
 
 
 async def graph_for(args: argparse.Namespace, command: str) -> tuple[str, CompiledGraph[Any]]:
@@ -373,9 +400,73 @@ def json_arg(text: str, what: str = "input") -> Any:
 # -- output ---------------------------------------------------------------------------------
 
 
+def _control_escapes() -> dict[int, str]:
+    table = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
+    table.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+    # Bidirectional overrides and isolates reorder what a terminal shows (Trojan Source).
+    for c in [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]:
+        table[c] = f"\\u{c:04x}"
+    return table
+
+
+_ESCAPES = _control_escapes()
+_ESCAPES_KEEP_NEWLINE = {c: e for c, e in _ESCAPES.items() if c != ord("\n")}
+_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in _ESCAPES if c >= 0x7F}
+# Above this many bits an int has more than 4,300 decimal digits: Python refuses to convert it
+# to decimal text (the conversion is quadratic), so it is shown in hexadecimal, which is linear.
+_MAX_DECIMAL_BITS = 14_000
+
+
+def terminal_safe(text: str) -> str:
+    r"""``text`` with every control character escaped (``\x1b``, ``\n``, ...).
+
+    Thread ids, node names and state values are data from the store or from whoever wrote the
+    thread: printed raw, an ESC or OSC sequence would drive the terminal (colours, title,
+    clipboard writes with OSC 52), a CR would overwrite the line and a newline forge a table row.
+    Bidirectional-override characters are escaped too.
+    """
+    return text.translate(_ESCAPES)
+
+
+class SafeStream:
+    """A text stream that escapes control characters (except newline) written through it.
+
+    The command line's human output goes through it, so no code path can print stored text
+    raw; JSON output is unaffected (JSON escapes control characters itself).
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    @property
+    def unwrapped(self) -> TextIO:
+        """The stream written to, for the few writes that are meant to drive the terminal."""
+        return self._stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(text.translate(_ESCAPES_KEEP_NEWLINE))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def to_plain(value: Any) -> Any:
-    """``value`` as JSON-compatible data (datetimes, dataclasses, models, sets, bytes...)."""
-    if value is None or isinstance(value, str | int | float | bool):
+    """``value`` as JSON-compatible data (datetimes, dataclasses, models, sets, bytes...).
+
+    An int too large for decimal text becomes the string ``"0x..."`` (``"-0x..."``).
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > _MAX_DECIMAL_BITS:
+            return f"{value:#x}"
+        return value
+    if value is None or isinstance(value, str | float | bool):
         return value
     if isinstance(value, Mapping):
         return {str(k): to_plain(v) for k, v in value.items()}
@@ -393,24 +484,33 @@ def to_plain(value: Any) -> Any:
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, BaseException):
         return f"{type(value).__name__}: {value}"
-    return repr(value)
+    try:
+        return repr(value)
+    except ValueError:  # e.g. a huge int inside an object's repr
+        return f"<{type(value).__name__} (its repr failed)>"
 
 
 def dump_json(value: Any, out: TextIO | None = None) -> None:
     """Print ``value`` as one JSON document (stable key order, UTF-8 kept)."""
-    print(json.dumps(to_plain(value), ensure_ascii=False, indent=2), file=out or sys.stdout)
+    text = json.dumps(to_plain(value), ensure_ascii=False, indent=2)
+    # json escapes C0 controls; DEL, C1 controls and bidi overrides it leaves raw. They can only
+    # occur inside strings, where a \\u escape means the same character.
+    print(text.translate(_JSON_ESCAPES), file=out or sys.stdout)
 
 
 def short(value: Any, width: int = 60) -> str:
     """A one-line rendering of ``value`` at most ``width`` characters long."""
     text = value if isinstance(value, str) else json.dumps(to_plain(value), ensure_ascii=False)
-    text = " ".join(text.split())
+    text = terminal_safe(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     """A plain-text table with a header rule, columns padded to their widest cell."""
-    cells = [[str(h) for h in headers], *[["" if c is None else str(c) for c in r] for r in rows]]
+    cells = [
+        [str(h) for h in headers],
+        *[["" if c is None else terminal_safe(str(c)) for c in r] for r in rows],
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
@@ -451,17 +551,22 @@ def print_result(result: RunResult, args: argparse.Namespace, spec: str) -> int:
     if args.json:
         dump_json(result_dict(result))
         return status
-    print(f"thread {result.thread_id}: {result.status} at checkpoint {result.checkpoint_id}")
+    thread = terminal_safe(str(result.thread_id))
+    print(f"thread {thread}: {result.status} at checkpoint {result.checkpoint_id}")
     for key, value in result.values.items():
         print(f"  {key}: {short(value, 100)}")
     if result.error is not None:
-        print(f"error: {type(result.error).__name__}: {result.error}", file=sys.stderr)
-        print(f"after fixing the cause: graphexec resume {result.thread_id} --graph {spec}")
+        print(
+            f"error: {type(result.error).__name__}: {terminal_safe(str(result.error))}",
+            file=sys.stderr,
+        )
+        print(f"after fixing the cause: graphexec resume {thread} --graph {spec}")
     for i in result.interruptions:
-        print(f"waiting: {i.kind} of node {i.node!r} (id {i.id}): {short(i.value, 80)}")
+        node = terminal_safe(repr(i.node))
+        print(f"waiting: {i.kind} of node {node} (id {i.id}): {short(i.value, 80)}")
         verb = "approve" if i.kind == "approval" else "resume"
         extra = " --value JSON" if i.kind == "input" else ""
-        print(f"  answer with: graphexec {verb} {result.thread_id} {i.id}{extra} --graph {spec}")
+        print(f"  answer with: graphexec {verb} {thread} {i.id}{extra} --graph {spec}")
     return status
 
 
@@ -483,8 +588,11 @@ class Progress:
         of = f"/{self._total}" if self._total is not None else ""
         line = f"{self._what}: {self._done}{of}" + (f" {note}" if note else "")
         if self._tty:
-            sys.stderr.write("\r\x1b[2K" + line)
-            sys.stderr.flush()
+            # The line's own text is escaped; only the redraw prefix drives the terminal.
+            err = sys.stderr
+            raw = err.unwrapped if isinstance(err, SafeStream) else err
+            raw.write("\r\x1b[2K" + terminal_safe(line))
+            raw.flush()
         else:
             print(line, file=sys.stderr)
 

@@ -22,6 +22,9 @@ from graphexec.cli._common import (
     print_result,
     thread_head,
 )
+from graphexec.cli._common import (
+    terminal_safe as safe,
+)
 from graphexec.cli._threads import _close_memory
 
 __all__ = [
@@ -146,8 +149,9 @@ async def cmd_fork(args: argparse.Namespace) -> int:
             }
         )
     else:
-        print(f"forked {args.thread}@{args.checkpoint} into {args.new_thread} (head {head})")
-        print(f"continue it with: graphexec resume {args.new_thread} --graph {spec}")
+        source = safe(f"{args.thread}@{args.checkpoint}")
+        print(f"forked {source} into {safe(args.new_thread)} (head {head})")
+        print(f"continue it with: graphexec resume {safe(args.new_thread)} --graph {spec}")
     return EXIT_OK
 
 
@@ -238,7 +242,9 @@ async def _decide(args: argparse.Namespace, approve: bool) -> int:
             await _close_memory(g.memory)
     if not args.json:
         verb = "approved" if approve else "rejected"
-        print(f"{verb} {target.kind} of {target.node!r}" + (f" as {args.by}" if args.by else ""))
+        print(
+            safe(f"{verb} {target.kind} of {target.node!r}" + (f" as {args.by}" if args.by else ""))
+        )
     return print_result(result, args, spec)
 
 

@@ -18,6 +18,7 @@ from graphexec.cli._common import (
     open_store,
     short,
     table,
+    terminal_safe,
     thread_head,
     to_plain,
     when,
@@ -136,7 +137,7 @@ async def cmd_history(args: argparse.Namespace) -> int:
         for cp in cps
     ]
     title = "branch tips" if args.branches else "checkpoints, newest first"
-    print(f"thread {args.thread}: {len(cps)} {title} (* = head)")
+    print(f"thread {terminal_safe(args.thread)}: {len(cps)} {title} (* = head)")
     print(table(rows, ["  checkpoint", "step", "source", "ran", "next", "created", "notes"]))
     return EXIT_OK
 
@@ -163,10 +164,11 @@ def state_diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, 
 
 
 def _print_snapshot(snap: StateSnapshot) -> None:
-    print(f"thread {snap.thread_id}, checkpoint {snap.checkpoint_id} (step {snap.step})")
+    thread = terminal_safe(snap.thread_id)
+    print(f"thread {thread}, checkpoint {snap.checkpoint_id} (step {snap.step})")
     print(f"  parent:  {snap.parent_id or '(none)'}")
     print(f"  created: {when(snap.created_at)}")
-    print(f"  next:    {', '.join(snap.next) or '(finished)'}")
+    print(f"  next:    {terminal_safe(', '.join(snap.next)) or '(finished)'}")
     for i in snap.interruptions:
         print(f"  waiting: {i.kind} of {i.node!r} (id {i.id}): {short(i.value, 70)}")
 
