@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from graphexec.cli._common import (
     load_graph,
     terminal_safe,
 )
-from graphexec.errors import GraphExecError
+from graphexec.errors import GraphExecError, ThreadBusyError, ThreadInterruptedError
 
 __all__ = [
     "EXIT_FAILED",
@@ -41,6 +42,47 @@ __all__ = [
     "load_graph",
     "main",
 ]
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (limits, counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
+def _cli_words(e: BaseException) -> str:
+    """The message of ``e`` in the command line's words rather than the Python API's."""
+    if isinstance(e, ThreadBusyError):
+        owner = f" (run {e.owner})" if e.owner else ""
+        return (
+            f"thread {e.thread_id!r} is busy: another run holds it{owner}; run the command again "
+            "when it has finished, or add --wait to wait for it (a crashed owner's lease ends "
+            "on its own)"
+        )
+    if isinstance(e, ThreadInterruptedError):
+        ids = ", ".join(e.pending)
+        return (
+            f"thread {e.thread_id!r} is waiting for a human ({ids}); answer first with "
+            f"graphexec approve/reject {e.thread_id} ID, or graphexec resume {e.thread_id} ID "
+            "--value JSON, then send new input"
+        )
+    return str(e) or type(e).__name__
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,7 +103,7 @@ def _graph_option(p: argparse.ArgumentParser) -> None:
 
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--durability", choices=("sync", "async", "exit"), default="sync")
-    p.add_argument("--recursion-limit", type=int, default=None, metavar="N")
+    p.add_argument("--recursion-limit", type=_count, default=None, metavar="N")
     p.add_argument(
         "--wait", action="store_true", help="if another run owns the thread, wait for it"
     )
@@ -109,14 +151,14 @@ def _parser() -> argparse.ArgumentParser:
     rs.set_defaults(handler=_runs.cmd_resume)
 
     t = command("threads", "list threads, most recently updated first")
-    t.add_argument("--limit", type=int, default=None, metavar="N")
+    t.add_argument("--limit", type=_count, default=None, metavar="N")
     t.add_argument("--json", action="store_true")
     add_store_options(t)
     t.set_defaults(handler=_threads.cmd_threads)
 
     h = command("history", "a thread's checkpoints, newest first")
     h.add_argument("thread", metavar="T")
-    h.add_argument("--limit", type=int, default=None, metavar="N")
+    h.add_argument("--limit", type=_count, default=None, metavar="N")
     h.add_argument("--checkpoint", metavar="C", help="start at C (e.g. another branch's tip)")
     h.add_argument("--branches", action="store_true", help="list the tip of every branch")
     h.add_argument("--json", action="store_true")
@@ -204,7 +246,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("graphs", nargs="+", metavar="[NAME=]MODULE:GRAPH")
     dsn_option(w)
     w.add_argument(
-        "--concurrency", type=int, default=4, metavar="N", help="runs executed at once (4)"
+        "--concurrency", type=_count, default=4, metavar="N", help="runs executed at once (4)"
     )
     w.add_argument(
         "--lease-ttl",
@@ -213,9 +255,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds before a silent worker's runs are taken over (30)",
     )
-    w.add_argument("--grace", type=float, default=30.0, help="seconds to finish on SIGTERM")
+    w.add_argument("--grace", type=_seconds, default=30.0, help="seconds to finish on SIGTERM")
     w.add_argument("--worker-id", default=None)
-    w.add_argument("--max-runs", type=int, default=None, help="exit after this many runs")
+    w.add_argument("--max-runs", type=_count, default=None, help="exit after this many runs")
     w.add_argument(
         "--max-attempts",
         type=int,
@@ -240,7 +282,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--thread", default=None)
     q.add_argument("--run-id", default=None)
     q.add_argument("--wait", action="store_true", help="wait until the run ends")
-    q.add_argument("--timeout", type=float, default=None)
+    q.add_argument("--timeout", type=_seconds, default=None)
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=_queue.cmd_enqueue)
 
@@ -248,10 +290,10 @@ def _parser() -> argparse.ArgumentParser:
     dsn_option(rn)
     rn.add_argument("--status", default=None)
     rn.add_argument("--thread", default=None)
-    rn.add_argument("--limit", type=int, default=50)
+    rn.add_argument("--limit", type=_count, default=50)
     rn.add_argument("--cancel", metavar="RUN_ID", default=None)
     rn.add_argument("--wait", metavar="RUN_ID", default=None)
-    rn.add_argument("--timeout", type=float, default=None)
+    rn.add_argument("--timeout", type=_seconds, default=None)
     rn.add_argument("--json", action="store_true")
     rn.set_defaults(handler=_queue.cmd_runs)
     return parser
@@ -270,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = asyncio.run(args.handler(args))
     except (CliError, GraphExecError, TimeoutError) as e:
-        message = " ".join((str(e) or type(e).__name__).split())
+        message = " ".join(_cli_words(e).split())
         print(f"graphexec {args.command}: {terminal_safe(message)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

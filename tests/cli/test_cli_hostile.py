@@ -8,6 +8,7 @@ file in the working directory must not shadow the standard library when a graph 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from graphexec.cli import EXIT_OK, main
+from graphexec.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 
 BIG = 7**20000  # 16,900 decimal digits: over Python's int-to-str limit of 4,300
 OSC52 = "\x1b]52;c;ZXZpbA==\x07"  # writes "evil" into the terminal's clipboard
@@ -200,3 +201,69 @@ def test_a_module_in_the_cwd_cannot_shadow_the_stdlib(tmp_path: Path) -> None:
         assert proc.returncode == EXIT_OK, proc.stderr
         assert not canary.exists(), f"{spec}: the planted colorsys.py in the cwd ran"
         (cwd / "w.db").unlink()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["threads", "--limit", "0"],
+        ["threads", "--limit", "-3"],
+        ["history", "t", "--limit", "-1"],
+        ["history", "t", "--limit", "many"],
+        ["run", "hostile_flows:graph", "--input", "{}", "--thread", "t", "--recursion-limit", "0"],
+    ],
+)
+def test_numeric_options_are_checked(
+    work: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    status, out, err = _cli(capsys, *argv)
+    assert status == EXIT_USAGE, (out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert "--limit" in err or "--recursion-limit" in err
+    assert not (work / "work.db").exists()  # refused before anything was opened
+
+
+async def test_busy_and_waiting_threads_are_explained_in_cli_words(
+    work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from checkpointers import SqliteCheckpointer
+
+    async with SqliteCheckpointer.open(work / "work.db") as store:
+        await store.setup()
+        await store.acquire_lease("held", owner="someone-else", ttl=600)
+    status, _, err = await asyncio.to_thread(
+        _cli, capsys, "run", "hostile_flows:graph", "--input", "{}", "--thread", "held"
+    )
+    assert status == EXIT_USAGE, err
+    assert "--wait" in err and "on_busy" not in err, err
+
+    (work / "ask_flows.py").write_text(
+        textwrap.dedent(
+            """
+            from typing import Any, TypedDict
+
+            from graphexec import END, START, StateGraph, interrupt
+
+
+            class State(TypedDict, total=False):
+                answer: str
+
+
+            def ask(state: State) -> dict[str, Any]:
+                return {"answer": interrupt("why?")}
+
+
+            builder = StateGraph(State)
+            builder.add_node("ask", ask)
+            builder.add_edge(START, "ask")
+            builder.add_edge("ask", END)
+            graph = builder.compile(name="ask")
+            """
+        )
+    )
+    args = ("run", "ask_flows:graph", "--input", "{}", "--thread", "w", "-q")
+    status, _, err = await asyncio.to_thread(_cli, capsys, *args)
+    assert status == EXIT_INTERRUPTED, err
+    status, _, err = await asyncio.to_thread(_cli, capsys, *args)
+    assert status == EXIT_USAGE, err
+    assert "graphexec resume w" in err and "Command(" not in err, err
