@@ -127,5 +127,7 @@ def test_huge_ints_are_printed_not_a_traceback(
     ):
         status, printed = _cli(capsys, *argv)
         assert status == EXIT_OK, (argv, printed)
-        assert ("Traceback" not in printed and "0x" in printed) or argv[0] == "history", printed
+        assert "Traceback" not in printed, printed
+        if argv[0] != "history":  # history shows no values
+            assert "0x" in printed, printed
         STATS.add("hostile", kind="hostile terminal number (huge int)")
