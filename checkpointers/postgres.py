@@ -91,6 +91,7 @@ from graphexec._checkpoint import (
     Lease,
     SnapshotPolicy,
     check_run_start,
+    validate_ttl,
 )
 from graphexec._tasks import relaxed_commit
 from graphexec.errors import (
@@ -323,8 +324,7 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         encryption: Encryption | None = None,
         default_ttl: float | None = None,
     ) -> None:
-        if default_ttl is not None and default_ttl < 0:
-            raise ValueError(f"default_ttl must be >= 0 seconds, got {default_ttl}")
+        default_ttl = validate_ttl(default_ttl)
         if snapshot_policy is not None:
             self.snapshot_policy = snapshot_policy
         self._db = PostgresDatabase(
@@ -793,10 +793,10 @@ class PostgresCheckpointer(SqlReads, BaseCheckpointer):
         without checkpoints yet). ``None`` removes the TTL.
 
         Raises:
-            ValueError: ``ttl`` is negative.
+            InvalidTTLError: ``ttl`` is not finite seconds in 0 to 100 years
+                (:func:`~graphexec._checkpoint.validate_ttl`); nothing is stored.
         """
-        if ttl is not None and ttl < 0:
-            raise ValueError(f"ttl must be >= 0 seconds or None, got {ttl}")
+        ttl = validate_ttl(ttl, thread_id=thread_id)
         await self._db.fetch("set_ttl", _SET_TTL, {"thread_id": thread_id, "ttl": ttl})
 
     async def expire(self) -> int:

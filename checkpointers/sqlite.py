@@ -62,6 +62,7 @@ from graphexec._checkpoint import (
     Lease,
     SnapshotPolicy,
     check_run_start,
+    validate_ttl,
 )
 from graphexec.errors import (
     CheckpointConflictError,
@@ -324,8 +325,7 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         wal_checkpoints: Literal["inline", "background"] = "inline",
         loop_writes: bool = True,
     ) -> None:
-        if default_ttl is not None and default_ttl < 0:
-            raise ValueError(f"default_ttl must be >= 0 seconds, got {default_ttl}")
+        default_ttl = validate_ttl(default_ttl)
         if snapshot_policy is not None:
             self.snapshot_policy = snapshot_policy
         self._db = SqliteDatabase(
@@ -657,10 +657,10 @@ class SqliteCheckpointer(SqlReads, BaseCheckpointer):
         without checkpoints yet). ``None`` removes the TTL.
 
         Raises:
-            ValueError: ``ttl`` is negative.
+            InvalidTTLError: ``ttl`` is not finite seconds in 0 to 100 years
+                (:func:`~graphexec._checkpoint.validate_ttl`); nothing is stored.
         """
-        if ttl is not None and ttl < 0:
-            raise ValueError(f"ttl must be >= 0 seconds or None, got {ttl}")
+        ttl = validate_ttl(ttl, thread_id=thread_id)
 
         def body(db: sqlite3.Connection) -> None:
             [(last,)] = fetch(db, sql.LAST_COMMIT, {"thread_id": thread_id})

@@ -15,6 +15,7 @@ compare-and-set, leases, pending writes, retention) is pinned by the suite in
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -25,19 +26,21 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from graphexec.errors import NotSupportedError
+from graphexec.errors import InvalidTTLError, NotSupportedError
 
 __all__ = [
     "BaseCheckpointer",
     "ChannelDelta",
     "Checkpoint",
     "CheckpointTuple",
+    "MAX_TTL_SECONDS",
     "Lease",
     "PendingWrite",
     "SnapshotPolicy",
     "ThreadInfo",
     "ValuesCache",
     "new_checkpoint_id",
+    "validate_ttl",
 ]
 
 CheckpointSource = Literal["input", "loop", "update", "fork"]
@@ -329,6 +332,41 @@ def new_checkpoint_id() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+MAX_TTL_SECONDS = 100 * 366 * 86_400.0
+"""The longest thread TTL accepted: 100 years. Longer ones are surely a mistake (or ``inf``:
+pass ``None`` to keep a thread), and larger numbers overflow SQLite's integer arithmetic."""
+
+
+def validate_ttl(ttl: float | None, *, thread_id: str | None = None) -> float | None:
+    """Check a thread TTL; every backend and the CLI call this one function.
+
+    Args:
+        ttl: Seconds (0 means: expire on the next sweep), or ``None`` (no TTL).
+        thread_id: The thread it is for, named in the error; ``None`` for ``default_ttl=``.
+
+    Returns:
+        The TTL as a float, or ``None``.
+
+    Raises:
+        InvalidTTLError: ``ttl`` is not a number, is NaN or infinite, negative, or longer than
+            :data:`MAX_TTL_SECONDS`.
+    """
+    if ttl is None:
+        return None
+    what = "default_ttl" if thread_id is None else f"ttl of thread {thread_id!r}"
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+        raise InvalidTTLError(
+            f"{what} must be a number of seconds or None, got {type(ttl).__name__}"
+        )
+    value = float(ttl) if isinstance(ttl, float) or abs(ttl) <= MAX_TTL_SECONDS else math.inf
+    if math.isnan(value) or math.isinf(value) or value < 0 or value > MAX_TTL_SECONDS:
+        raise InvalidTTLError(
+            f"{what} must be finite seconds in [0, {MAX_TTL_SECONDS:.0f}] (100 years), got "
+            f"{ttl!r}; pass None to keep the thread without a TTL"
+        )
+    return value
+
+
 class BaseCheckpointer(ABC):
     """The async storage contract every checkpoint backend implements.
 
@@ -517,7 +555,11 @@ class BaseCheckpointer(ABC):
         raise NotSupportedError(f"{type(self).__name__} does not support prune()")
 
     async def set_ttl(self, thread_id: str, ttl: float | None) -> None:
-        """Delete the thread once ``ttl`` seconds pass without a commit (``None``: keep)."""
+        """Delete the thread once ``ttl`` seconds pass without a commit (``None``: keep).
+
+        ``ttl`` is checked by :func:`validate_ttl` (finite, 0 to 100 years): an
+        :class:`~graphexec.errors.InvalidTTLError` otherwise, and nothing is stored.
+        """
         raise NotSupportedError(f"{type(self).__name__} does not support thread TTLs")
 
     async def expire(self) -> int:

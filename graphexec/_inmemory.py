@@ -15,6 +15,7 @@ from graphexec._checkpoint import (
     PendingWrite,
     SnapshotPolicy,
     ThreadInfo,
+    validate_ttl,
 )
 from graphexec._serde import default_serializer
 from graphexec.errors import (
@@ -298,8 +299,7 @@ class InMemoryCheckpointer(BaseCheckpointer):
 
     async def set_ttl(self, thread_id: str, ttl: float | None) -> None:
         """See :meth:`BaseCheckpointer.set_ttl`."""
-        if ttl is not None and ttl < 0:
-            raise ValueError(f"set_ttl({thread_id!r}, {ttl}): ttl must be >= 0 seconds or None")
+        ttl = validate_ttl(ttl, thread_id=thread_id)
         with self._lock:
             if ttl is None:
                 self._ttls.pop(thread_id, None)

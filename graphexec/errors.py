@@ -24,6 +24,7 @@ __all__ = [
     "GraphInterrupt",
     "GraphVersionError",
     "InvalidResumeError",
+    "InvalidTTLError",
     "InvalidUpdateError",
     "LeaseLostError",
     "MemoryConflictError",
@@ -319,6 +320,13 @@ class StorageError(GraphExecError):
 
 class MemoryStoreError(GraphExecError):
     """A memory store operation was refused or failed."""
+
+
+class InvalidTTLError(CheckpointError, ValueError):
+    """A thread TTL that is not a finite number of seconds in ``[0, MAX_TTL_SECONDS]``.
+
+    Also a :class:`ValueError`, which is what TTL checks raised before this class existed.
+    """
 
 
 class NotSupportedError(GraphExecError):

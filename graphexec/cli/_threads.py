@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphexec._checkpoint import Checkpoint
+from graphexec._checkpoint import Checkpoint, validate_ttl
 from graphexec._types import StateSnapshot
 from graphexec.cli._common import (
     EXIT_OK,
@@ -23,6 +23,7 @@ from graphexec.cli._common import (
     to_plain,
     when,
 )
+from graphexec.errors import InvalidTTLError
 
 __all__ = ["cmd_expire", "cmd_history", "cmd_prune", "cmd_show", "cmd_threads", "state_diff"]
 
@@ -289,8 +290,10 @@ async def cmd_expire(args: argparse.Namespace) -> int:
                 ttl = float(args.ttl)
             except ValueError as e:
                 raise CliError(f"--ttl must be seconds or 'none', got {args.ttl!r}") from e
-            if ttl < 0:
-                raise CliError(f"--ttl must be >= 0 seconds, got {args.ttl}")
+            try:
+                ttl = validate_ttl(ttl, thread_id=args.thread)
+            except InvalidTTLError as e:  # nan, inf, negative, over 100 years
+                raise CliError(f"--ttl: {e}") from e
     async with open_store(args) as store:
         if args.thread:
             await thread_head(store, args.thread, where)

@@ -20,7 +20,9 @@ from graphexec._checkpoint import (
 )
 from graphexec.errors import (
     CheckpointError,
+    InvalidTTLError,
     LeaseLostError,
+    NotSupportedError,
     ThreadBusyError,
 )
 from graphexec.testing._contract_helpers import (
@@ -368,4 +370,26 @@ class WritesAndRetentionContract:
         cps = await put_chain(checkpointer, "t", 3)
         assert await checkpointer.prune("t", keep_last=3) == 0
         assert await checkpointer.prune("nobody", keep_last=1) == 0
+        assert ids_of(await checkpointer.list("t")) == ids_of(reversed(cps))
+
+    # -- TTL validation -------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "ttl",
+        [float("nan"), float("inf"), -float("inf"), -1, 10**308, 1e300, 10**400],
+        ids=["nan", "inf", "-inf", "negative", "1e308-int", "1e300", "1e400-int"],
+    )
+    async def test_set_ttl_refuses_a_ttl_that_is_not_finite_sane_seconds(
+        self, checkpointer: BaseCheckpointer, ttl: float
+    ) -> None:
+        """NaN, infinite, negative and absurdly long TTLs are refused, naming the thread."""
+        cps = await put_chain(checkpointer, "t", 2)
+        try:
+            await checkpointer.set_ttl("t", 0)
+            await checkpointer.set_ttl("t", None)
+        except NotSupportedError:
+            pytest.skip("backend does not support thread TTLs")
+        with pytest.raises(InvalidTTLError, match="'t'"):
+            await checkpointer.set_ttl("t", ttl)
+        assert await checkpointer.expire() == 0  # nothing was stored: no TTL to expire on
         assert ids_of(await checkpointer.list("t")) == ids_of(reversed(cps))
