@@ -175,6 +175,44 @@ class _ThreadState(threading.local):
     """This thread's idle top-level Packer (None while in use or not yet made)."""
     markers: int = 0
     """Markers decoded minus markers consumed at the head of an array, in this thread."""
+    hashed: int = 0
+    """Collision-prone hashable values decoded so far by this thread's current fast decode."""
+    checked: bool = False
+    """True while this thread decodes with hash-collision checks (see :data:`_HASHED_LIMIT`)."""
+
+
+_HASHED_LIMIT: Final = 256
+"""Collision-prone values (big ints, Decimals, UUIDs, tuples, frozensets, hashable registered
+instances) one value may hold before it is decoded again with collision checks.
+
+Their hashes are not randomised (an int hashes to itself mod 2**61 - 1, a tuple by a fixed mix
+of its items' hashes), so a crafted payload can make every set member or map key collide and
+each insertion compare with all the earlier ones: seconds for a megabyte, minutes for four.
+Below the limit that costs at most ``_HASHED_LIMIT**2 / 2`` comparisons; above it, the second
+decode counts each container's hash collisions before building it."""
+
+_COLLISION_LIMIT: Final = 64
+"""Equal hashes (of unequal keys) tolerated in one set or map before it is refused."""
+
+
+class _Rehash(Exception):
+    """Raised by the fast decode when a value holds too many collision-prone values."""
+
+
+def _check_collisions(items: Iterable[Any], count: int, what: str) -> None:
+    # Equal full hashes are the only case in which a dict or set compares keys, so distinct
+    # hashes bound the build to linear time. hash() of an int hash is bounded in collisions.
+    distinct = len({hash(item) for item in items})
+    if count - distinct > _COLLISION_LIMIT:
+        raise _Corrupt(
+            f"{count - distinct} of the {count} {what} have colliding hashes (more than "
+            f"{_COLLISION_LIMIT}); this is crafted data, not something dumps() writes"
+        )
+
+
+def _checked_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    _check_collisions((key for key, _ in pairs), len(pairs), "map keys")
+    return dict(pairs)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -677,17 +715,17 @@ class Serializer:
             raise TypeError(f"Serializer.loads() expects bytes, got {type(data).__name__}")
         state = self._local
         before = state.markers
+        hashed, checked = state.hashed, state.checked
         try:
-            value = msgpack.unpackb(
-                data,
-                ext_hook=self._ext_hook,
-                list_hook=self._list_hook,
-                raw=False,
-                strict_map_key=False,
-                # msgpack decodes its reserved ext -1 itself (no hook runs): make it an aware UTC
-                # datetime, a type we support anyway, rather than a msgpack.Timestamp.
-                timestamp=3,
-            )
+            state.hashed = 0
+            try:
+                value = self._unpack(data, checked=checked)
+            except _Rehash:
+                # Too many collision-prone values for the fast path: decode again, counting
+                # the hash collisions of every set and map before it is built.
+                state.markers = before
+                state.checked = True
+                value = self._unpack(data, checked=True)
             if state.markers != before:
                 raise _Corrupt("a type marker is not at the head of an array")
         except Exception as e:
@@ -704,7 +742,29 @@ class Serializer:
             raise DeserializationError(
                 f"cannot deserialize value{_for_channel(channel)}: {problem}", channel=channel
             ) from e
+        finally:
+            state.hashed, state.checked = hashed, checked
         return value
+
+    def _unpack(self, data: bytes, *, checked: bool) -> Any:
+        return msgpack.unpackb(
+            data,
+            ext_hook=self._ext_hook,
+            list_hook=self._list_hook,
+            # Only on the checked path: a Python call per map costs the fast path too much.
+            object_pairs_hook=_checked_dict if checked else None,
+            raw=False,
+            strict_map_key=False,
+            # msgpack decodes its reserved ext -1 itself (no hook runs): make it an aware UTC
+            # datetime, a type we support anyway, rather than a msgpack.Timestamp.
+            timestamp=3,
+        )
+
+    def _count_hashed(self) -> None:
+        state = self._local
+        state.hashed += 1
+        if state.hashed > _HASHED_LIMIT and not state.checked:
+            raise _Rehash
 
     def _ext_hook(self, code: int, data: bytes) -> Any:
         marker = _MARKERS.get(code)
@@ -716,14 +776,23 @@ class Serializer:
         leaf = _LEAVES.get(code)
         if leaf is None:
             raise _Corrupt(f"unknown extension type code {code}")
+        if code in _HASHED_LEAVES:
+            self._count_hashed()
         return leaf(data)
 
     def _list_hook(self, items: list[Any]) -> Any:
         # Called by msgpack for every array, innermost first, so parts are already decoded.
         if not items or type(items[0]) is not _Marker:
             return items
-        self._local.markers -= 1
-        return self._structured[items[0].code](items)
+        state = self._local
+        state.markers -= 1
+        code = items[0].code
+        if code in _HASHED_ARRAYS:
+            if state.checked and code != EXT_TUPLE:
+                _check_collisions(items[1:], len(items) - 1, "set members")
+            if code != EXT_SET:
+                self._count_hashed()
+        return self._structured[code](items)
 
     def _dec_registered(self, items: list[Any]) -> Any:
         _, name, data = items
@@ -733,7 +802,17 @@ class Serializer:
                 f"type {_short(name)} is not registered with this Serializer; register the class "
                 "under that name (Serializer.register(cls, name=...)) or add it to the state schema"
             )
+        if entry.cls.__hash__ not in _IDENTITY_HASHES:  # hashes by value: may be a crafted key
+            self._count_hashed()
         return entry.from_data(data)
+
+
+_HASHED_LEAVES: Final = frozenset({EXT_BIGINT, EXT_DECIMAL, EXT_UUID})
+"""Leaf extensions whose hashes a payload can make collide (a UUID hashes as its int)."""
+_HASHED_ARRAYS: Final = frozenset({EXT_TUPLE, EXT_SET, EXT_FROZENSET})
+"""Structured types that are collision-prone keys (tuples, frozensets) or build a set."""
+_IDENTITY_HASHES: Final[tuple[Any, ...]] = (None, object.__hash__)
+"""``__hash__`` of unhashable classes and of classes hashing by identity (never collide)."""
 
 
 def default_serializer() -> Serializer:

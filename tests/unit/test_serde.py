@@ -987,3 +987,57 @@ def test_property_mutated_blobs_decode_or_raise(value: Any, data: st.DataObject)
         serde.loads(bytes(blob))
     except DeserializationError:
         pass
+
+
+# -- hash-collision payloads (crafted msgpack, never written by dumps) ---------------------------
+
+_HASH_MODULUS = 2**61 - 1  # an int hashes to itself mod this: ints k * it apart collide
+
+
+import time  # noqa: E402
+
+
+def _colliding_bigints(count: int) -> list[Any]:
+
+    from graphexec._wire import EXT_BIGINT
+
+    base = 1 << 200
+    ints = [base + i * _HASH_MODULUS for i in range(count)]
+    return [
+        msgpack.ExtType(EXT_BIGINT, n.to_bytes((n.bit_length() + 8) // 8, "big", signed=True))
+        for n in ints
+    ]
+
+
+@pytest.mark.parametrize("container", ["set", "frozenset", "map", "tuple-keys"])
+def test_loads_refuses_colliding_keys_in_linear_time(container: str) -> None:
+
+    from graphexec._wire import EXT_FROZENSET, EXT_SET, EXT_TUPLE
+
+    items = _colliding_bigints(30_000)  # ~1 MB: ~40 s to decode before the collision guard
+    packer = msgpack.Packer()
+    if container in ("set", "frozenset"):
+        code = EXT_SET if container == "set" else EXT_FROZENSET
+        data = packer.pack([msgpack.ExtType(code, b""), *items])
+    else:
+        data = packer.pack_map_header(len(items))
+        for item in items:
+            key = [msgpack.ExtType(EXT_TUPLE, b""), item] if container == "tuple-keys" else item
+            data += packer.pack(key) + packer.pack(0)
+    started = time.perf_counter()
+    with pytest.raises(DeserializationError, match="colliding hashes") as info:
+        Serializer().loads(data, channel="notes")
+    assert time.perf_counter() - started < 5
+    assert "'notes'" in str(info.value)
+
+
+def test_loads_keeps_many_distinct_collision_prone_values() -> None:
+    # Past the fast path's limit the value is decoded again with checks: same result.
+    value = {
+        "keys": {(i, str(i)): decimal.Decimal(i) / 7 for i in range(2_000)},
+        "ids": {uuid.UUID(int=i) for i in range(2_000)},
+        "big": frozenset(10**30 + i for i in range(2_000)),
+        "few": {-1: "a", -2: "b"},  # equal hashes (-1 hashes as -2), legitimately
+    }
+    serde = Serializer()
+    assert serde.loads(serde.dumps(value)) == value
