@@ -301,15 +301,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``graphexec`` console script; returns the exit status."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:  # --help, or a usage error already printed by the parser
-        return e.code if isinstance(e.code, int) else EXIT_USAGE
     # Human output escapes control characters wherever it is printed from: stored thread ids,
-    # node names and values must not drive the terminal (see _common.terminal_safe).
+    # node names and values must not drive the terminal (see _common.terminal_safe), nor may
+    # an argument the parser quotes in a usage error.
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = SafeStream(out), SafeStream(err)
     try:
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as e:  # --help, or a usage error already printed by the parser
+            return e.code if isinstance(e.code, int) else EXIT_USAGE
         status: int = asyncio.run(args.handler(args))
     except (CliError, GraphExecError, TimeoutError) as e:
         message = " ".join(_cli_words(e).split())

@@ -152,6 +152,27 @@ def test_a_huge_int_is_rendered_not_a_traceback(
         assert "Traceback" not in err
 
 
+def test_usage_errors_escape_the_arguments_they_quote(
+    work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse quotes an unknown argument verbatim: pasted text must not drive the terminal."""
+    status, out, err = _cli(capsys, "threads", HOSTILE)
+    assert status == EXIT_USAGE
+    _no_raw_controls(out + err)
+    assert "unrecognized arguments" in err and "\\x1b]52" in err, err
+
+
+def test_escaping_leaves_clean_text_alone_and_escapes_every_class() -> None:
+    from graphexec.cli._common import terminal_safe
+
+    clean = "thread-1  done  2026-12-02T14:00:00  {'k': 'é ü 名前'}"
+    assert terminal_safe(clean) is clean or terminal_safe(clean) == clean
+    assert terminal_safe(HOSTILE).isprintable()
+    assert terminal_safe("a\nb", keep_newlines=True) == "a\nb"
+    assert terminal_safe("a\nb") == "a\\nb"
+    assert terminal_safe("\x00\x7f\x85\u2066") == "\\x00\\x7f\\x85\\u2066"
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("graphexec 0.")
